@@ -1,0 +1,202 @@
+//! Expandable segments: one VA reservation per (stream, pool) grown by mapping pages and shrunk
+//! by unmapping fully free ones (spec §6).
+
+use super::CachingAllocator;
+use super::malloc::Request;
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::block::{Block, NIL, Segment};
+use crate::error::AllocatorError;
+use crate::size::{PoolKind, SMALL_BUFFER};
+use crate::trace::TraceAction;
+
+impl<B: Backend> CachingAllocator<B> {
+    /// `try_allocate_expandable_block`: a free mapped block of at least `request.size` bytes,
+    /// mapping pages as needed. Note PyTorch asks for the rounded size here, not the segment
+    /// size. `Ok(None)` when pages could not be mapped.
+    pub(super) fn try_allocate_expandable_block(&mut self, request: &Request) -> Result<Option<u32>, AllocatorError> {
+        let size = request.size;
+        let mut candidate = self.find_expandable_block(request.stream, request.pool, size)?;
+        // The candidate is one of: unmapped -> end; unmapped -> free -> ...; free -> unmapped -> ...
+        if !self.blocks[candidate].mapped {
+            let to_map = self.blocks[candidate].size.min(size);
+            if !self.map_block(candidate, to_map)? {
+                return Ok(None);
+            }
+        }
+        while self.blocks[candidate].size < size {
+            // Invariant: free -> unmapped. Mapping the next block merges it with this one.
+            let remaining = size - self.blocks[candidate].size;
+            let next = self.blocks[candidate].next;
+            let to_map = remaining.min(self.blocks[next].size);
+            if !self.map_block(next, to_map)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        self.remove_free(candidate);
+        Ok(Some(candidate))
+    }
+
+    /// `find_expandable_block`: the lowest address, in any segment of this stream and pool,
+    /// where free and unmapped blocks together offer `size` bytes; a new segment otherwise.
+    fn find_expandable_block(&mut self, stream: StreamId, pool: PoolKind, size: u64) -> Result<u32, AllocatorError> {
+        let tree = &self.pool(pool).unmapped;
+        let mut cursor = tree.lower_bound(&self.blocks, (stream.0, 0, 0));
+        while let Some(unmapped) = cursor {
+            if self.blocks[unmapped].stream != stream {
+                break;
+            }
+            let prev = self.blocks[unmapped].prev;
+            let start = if prev != NIL && self.blocks[prev].is_allocatable() { prev } else { unmapped };
+            let mut bytes = 0;
+            let mut b = start;
+            while bytes < size && b != NIL && self.blocks[b].is_allocatable() {
+                bytes += self.blocks[b].size;
+                b = self.blocks[b].next;
+            }
+            if bytes >= size {
+                return Ok(start);
+            }
+            cursor = tree.successor(&self.blocks, unmapped);
+        }
+
+        let page_size = match pool {
+            PoolKind::Small => SMALL_BUFFER,
+            PoolKind::Large => self.config.large_segment_size(),
+        };
+        // Enough VA for 1 1/8 of the device, so pages can move when earlier ones were unmapped.
+        let total = self.backend.device().total_memory;
+        let pages = (total + total / 8).div_ceil(page_size);
+        let reserved = pages * page_size;
+        let base = self.backend.reserve_address_space(reserved, page_size, stream)?;
+        let segment = self.segments.insert(Segment {
+            base,
+            size: reserved,
+            pool,
+            stream,
+            head: NIL,
+            page_size: Some(page_size),
+            context: None,
+        });
+        let mut block = Block::new(base, reserved, stream, pool, segment);
+        block.mapped = false;
+        block.expandable = true;
+        let id = self.blocks.insert(block);
+        self.segments[segment].head = id;
+        self.insert_unmapped(id);
+        Ok(id)
+    }
+
+    /// `map_block`: backs the first `size` bytes (rounded up to pages) of the unmapped block
+    /// `id`, which then merges with free mapped neighbours and joins the free set.
+    /// `Ok(false)` when the device is out of memory.
+    fn map_block(&mut self, id: u32, size: u64) -> Result<bool, AllocatorError> {
+        let (ptr, block_size, segment) = (self.blocks[id].ptr, self.blocks[id].size, self.blocks[id].segment);
+        debug_assert!(!self.blocks[id].mapped && size <= block_size);
+        let (base, page) = self.segment_pages(segment);
+        let begin = (ptr - base) / page;
+        let end = (ptr + size - base).div_ceil(page);
+        let mapped = (end - begin) * page;
+        if mapped == 0 {
+            return Ok(false);
+        }
+        match self.backend.map_pages(base, begin * page, mapped) {
+            Ok(()) => {}
+            Err(BackendError::OutOfMemory { limit }) => {
+                self.last_device_limit = limit;
+                return Ok(false);
+            }
+            Err(other) => return Err(other.into()),
+        }
+        self.remove_unmapped(id);
+        self.blocks[id].mapped = true;
+        if mapped < block_size {
+            let mut rest = self.sibling(id, ptr + mapped, block_size - mapped);
+            rest.mapped = false;
+            let rest = self.blocks.insert(rest);
+            let next = self.blocks[id].next;
+            self.splice(rest, id, next);
+            self.insert_unmapped(rest);
+            self.blocks[id].size = mapped;
+        }
+        let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_free(id);
+
+        let (stream, pool) = (self.blocks[id].stream, self.blocks[id].pool);
+        self.total_allocated_memory += mapped;
+        self.stats.reserved_bytes.increase(pool, mapped);
+        self.stats.num_device_alloc += 1;
+        self.record(TraceAction::SegmentMap, ptr, mapped, stream, self.current_context);
+        if self.blocks[id].prev == NIL && self.segments[segment].context.is_none() {
+            self.segments[segment].context = self.current_context;
+        }
+        Ok(true)
+    }
+
+    /// `unmap_block`: unmaps the whole pages strictly inside the free block `id`; the partial
+    /// pages at either end stay mapped as free blocks of their own.
+    pub(super) fn unmap_block(&mut self, id: u32) -> Result<(), AllocatorError> {
+        let (ptr, size, segment, stream) =
+            (self.blocks[id].ptr, self.blocks[id].size, self.blocks[id].segment, self.blocks[id].stream);
+        let (base, page) = self.segment_pages(segment);
+        let begin = (ptr - base).div_ceil(page);
+        let end = (ptr + size - base) / page;
+        if begin >= end {
+            return Ok(());
+        }
+        let unmapped_ptr = base + begin * page;
+        let unmapped_size = (end - begin) * page;
+        self.backend.unmap_pages(base, begin * page, unmapped_size, stream)?;
+        self.remove_free(id);
+
+        let before = unmapped_ptr - ptr;
+        if before > 0 {
+            let before_block = self.blocks.insert(self.sibling(id, ptr, before));
+            let prev = self.blocks[id].prev;
+            self.splice(before_block, prev, id);
+            self.insert_free(before_block);
+        }
+        let after = size - (before + unmapped_size);
+        if after > 0 {
+            let after_block = self.blocks.insert(self.sibling(id, unmapped_ptr + unmapped_size, after));
+            let next = self.blocks[id].next;
+            self.splice(after_block, id, next);
+            self.insert_free(after_block);
+        }
+        let b = &mut self.blocks[id];
+        b.ptr = unmapped_ptr;
+        b.size = unmapped_size;
+        b.mapped = false;
+        let (prev, next) = (b.prev, b.next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_unmapped(id);
+
+        let pool = self.blocks[id].pool;
+        self.total_allocated_memory -= unmapped_size;
+        self.stats.reserved_bytes.decrease(pool, unmapped_size);
+        self.stats.num_device_free += 1;
+        let context = self.current_context.or(self.segments[segment].context);
+        self.record(TraceAction::SegmentUnmap, unmapped_ptr, unmapped_size, stream, context);
+        Ok(())
+    }
+
+    /// `release_expandable_segment`: frees the VA of a segment with nothing mapped in it.
+    pub(super) fn release_expandable_segment(&mut self, id: u32) -> Result<(), AllocatorError> {
+        let segment = self.blocks[id].segment;
+        let (base, size) = (self.segments[segment].base, self.segments[segment].size);
+        debug_assert!(!self.blocks[id].mapped && self.blocks[id].size == size);
+        self.backend.release_address_space(base, size)?;
+        self.remove_unmapped(id);
+        self.blocks.remove(id);
+        self.segments.remove(segment);
+        Ok(())
+    }
+
+    fn segment_pages(&self, segment: u32) -> (u64, u64) {
+        let s = &self.segments[segment];
+        (s.base, s.page_size.unwrap_or(SMALL_BUFFER))
+    }
+}

@@ -1,0 +1,212 @@
+//! Frees in two steps, merging with neighbours, and cross-stream use through events
+//! (spec §4).
+
+use super::{Allocation, CachingAllocator};
+use crate::backend::{Backend, StreamId};
+use crate::block::{Location, NIL};
+use crate::error::AllocatorError;
+use crate::trace::TraceAction;
+
+impl<B: Backend> CachingAllocator<B> {
+    /// Frees an allocation.
+    ///
+    /// `allocated_bytes` drops at once (`free_requested`); if the block was used on other
+    /// streams ([`CachingAllocator::record_stream`]) an event is recorded on each and the block
+    /// returns to the cache (`free_completed`) only once they have completed, at a later
+    /// `malloc` or `empty_cache`. A stale, foreign or already freed handle is an error and
+    /// changes nothing.
+    pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocatorError> {
+        if allocation.is_empty() {
+            return match allocation.allocator == self.id {
+                true => Ok(()),
+                false => Err(crate::error::HandleError::Foreign { address: 0 }.into()),
+            };
+        }
+        let id = self.live_block(&allocation)?;
+        // Record the events first: if the device fails, the block stays allocated and intact.
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let mut events = Vec::with_capacity(uses.len());
+        for &stream in &uses {
+            match self.backend.record_event(stream) {
+                Ok(event) => events.push((stream, event)),
+                Err(error) => {
+                    for (_, event) in events {
+                        self.backend.release_event(event);
+                    }
+                    self.blocks[id].stream_uses = uses;
+                    return Err(error.into());
+                }
+            }
+        }
+
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
+        let block_context = b.context;
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        let context = self.current_context.or(block_context);
+        self.record(TraceAction::FreeRequested, ptr, requested, stream, context);
+        if self.is_oversize(size) {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if events.is_empty() {
+            self.free_block(id);
+        } else {
+            self.blocks[id].event_count += events.len() as u32;
+            for (stream, event) in events {
+                self.events.entry(stream).or_default().push_back((event, id));
+            }
+        }
+        Ok(())
+    }
+
+    /// `record_stream`: the block is also used on `stream`, so when it is freed it is not
+    /// reused before the work queued on `stream` up to that moment has finished.
+    pub fn record_stream(&mut self, allocation: &Allocation, stream: StreamId) -> Result<(), AllocatorError> {
+        if allocation.is_empty() {
+            return Ok(());
+        }
+        let id = self.live_block(allocation)?;
+        let b = &mut self.blocks[id];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// `process_events`: completes the frees whose events have all finished, stream by
+    /// stream in FIFO order (a pending event blocks the ones behind it on its stream).
+    /// Every `malloc` starts with this.
+    pub fn process_events(&mut self) -> Result<(), AllocatorError> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for stream in streams {
+            while let Some(queue) = self.events.get_mut(&stream) {
+                let Some((event, _)) = queue.front() else { break };
+                if !self.backend.query_event(event)? {
+                    break;
+                }
+                if let Some((event, block)) = queue.pop_front() {
+                    self.backend.release_event(event);
+                    self.event_completed(block);
+                }
+            }
+            if self.events.get(&stream).is_some_and(|q| q.is_empty()) {
+                self.events.remove(&stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// `synchronize_and_free_events`: waits for every outstanding event and completes the
+    /// frees behind them. Counted in `num_sync_all_streams`.
+    pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), AllocatorError> {
+        self.stats.num_sync_all_streams += 1;
+        while let Some(mut entry) = self.events.first_entry() {
+            let Some((event, block)) = entry.get_mut().pop_front() else {
+                entry.remove();
+                continue;
+            };
+            let stream = *entry.key();
+            if let Err(error) = self.backend.synchronize_event(&event) {
+                // Put it back: the free stays pending and the allocator consistent.
+                self.events.entry(stream).or_default().push_front((event, block));
+                return Err(error.into());
+            }
+            self.backend.release_event(event);
+            self.event_completed(block);
+        }
+        Ok(())
+    }
+
+    fn event_completed(&mut self, block: u32) {
+        let b = &mut self.blocks[block];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(block);
+        }
+    }
+
+    /// `free_block`: the block goes back to its pool, merged with free neighbours.
+    pub(super) fn free_block(&mut self, id: u32) {
+        let b = &self.blocks[id];
+        debug_assert!(b.is_allocatable() && b.location == Location::Active);
+        let (ptr, requested, stream, pool, expandable) = (b.ptr, b.requested_size, b.stream, b.pool, b.expandable);
+        let original_size = b.size;
+        let context = self.current_context.or(b.context);
+        self.record(TraceAction::FreeCompleted, ptr, requested, stream, context);
+        self.blocks[id].context = None;
+
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for candidate in [self.blocks[id].prev, self.blocks[id].next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_free(id);
+        if self.blocks[id].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[id].size as i64;
+        }
+        // Fully free pages of expandable segments can always be released, so PyTorch leaves
+        // them out of the inactive-split accounting.
+        if !expandable {
+            apply(&mut self.stats.inactive_split, pool, net_blocks);
+            apply(&mut self.stats.inactive_split_bytes, pool, net_bytes);
+        }
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, original_size);
+        self.stats.requested_bytes.decrease(pool, requested);
+    }
+
+    /// `try_merge_blocks`: `dst` (out of every set) absorbs the free neighbour `src`; returns the
+    /// bytes absorbed, 0 if `src` cannot be merged. The surviving object is always `dst`.
+    pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = &self.blocks[src];
+        if !s.is_allocatable() || s.mapped != self.blocks[dst].mapped || s.location == Location::Active {
+            return 0;
+        }
+        let (src_ptr, src_size, src_prev, src_next, src_mapped) = (s.ptr, s.size, s.prev, s.next, s.mapped);
+        if src_mapped {
+            self.remove_free(src);
+        } else {
+            self.remove_unmapped(src);
+        }
+        if self.blocks[dst].prev == src {
+            self.blocks[dst].ptr = src_ptr;
+            self.blocks[dst].prev = src_prev;
+            if src_prev != NIL {
+                self.blocks[src_prev].next = dst;
+            } else {
+                let segment = self.blocks[dst].segment;
+                self.segments[segment].head = dst;
+            }
+        } else {
+            self.blocks[dst].next = src_next;
+            if src_next != NIL {
+                self.blocks[src_next].prev = dst;
+            }
+        }
+        self.blocks[dst].size += src_size;
+        self.blocks.remove(src);
+        src_size
+    }
+}
+
+/// PyTorch applies a net change as one increase or one decrease.
+fn apply(stat: &mut crate::stats::StatArray, pool: crate::size::PoolKind, delta: i64) {
+    if delta > 0 {
+        stat.increase(pool, delta as u64);
+    } else if delta < 0 {
+        stat.decrease(pool, delta.unsigned_abs());
+    }
+}

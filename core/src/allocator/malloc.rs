@@ -1,0 +1,302 @@
+//! `malloc`: best fit in the cache, splitting, new segments and the out-of-memory retry chain
+//! (spec §3).
+
+use super::{Allocation, CachingAllocator};
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::block::{Block, Location, NIL, Segment};
+use crate::error::{AllocatorError, OomText, OutOfMemoryError};
+use crate::size::{MAX_REQUEST, MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE, allocation_size, round_size};
+use crate::trace::TraceAction;
+
+/// What one `malloc` is looking for (PyTorch's `AllocParams`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Request {
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    /// The rounded block size.
+    pub size: u64,
+    /// The segment size a cache miss asks the device for.
+    pub alloc_size: u64,
+    pub expandable: bool,
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// Allocates `size` bytes for use on `stream`.
+    ///
+    /// A zero-byte request returns an empty handle without touching the cache, as PyTorch does.
+    /// Out of memory is an [`AllocatorError::OutOfMemory`] carrying PyTorch's message, after the
+    /// full retry chain (garbage collection, new segment, release of oversize blocks, release
+    /// of the whole cache).
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocatorError> {
+        if size == 0 {
+            return Ok(Allocation {
+                allocator: self.id,
+                block: NIL,
+                generation: 0,
+                stream,
+                address: 0,
+                size: 0,
+                requested: 0,
+            });
+        }
+        if size >= MAX_REQUEST {
+            return Err(self.too_large(size));
+        }
+        self.process_events()?;
+        let rounded = round_size(size, self.config.roundup_power2_divisions());
+        let request = Request {
+            stream,
+            pool: PoolKind::for_size(rounded),
+            size: rounded,
+            alloc_size: allocation_size(rounded, self.config.large_segment_size()),
+            expandable: self.config.expandable_segments(),
+        };
+        self.last_device_limit = None;
+
+        let mut found = self.get_free_block(&request);
+        if found.is_none() {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks()?;
+            }
+            found = self.alloc_block(&request, false)?;
+            if found.is_none() && self.release_available_cached_blocks(&request)? {
+                found = self.alloc_block(&request, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks()?;
+                found = self.alloc_block(&request, true)?;
+            }
+        }
+        let Some(block) = found else {
+            return Err(self.out_of_memory(&request, size));
+        };
+        let split = self.should_split(block, &request);
+        Ok(self.alloc_found_block(block, &request, size, split))
+    }
+
+    /// `get_free_block`: the best-fit candidate of the request's stream, if the oversize rules
+    /// allow it. Only the single best candidate is examined.
+    fn get_free_block(&mut self, request: &Request) -> Option<u32> {
+        let gc = self.gc_enabled();
+        let pool = match request.pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        if gc {
+            pool.free_blocks_call_count += 1;
+        }
+        let stream = request.stream;
+        let mut it = pool.free.lower_bound(&self.blocks, (stream.0, request.size, 0))?;
+        if self.blocks[it].stream != stream {
+            return None;
+        }
+        if self.blocks[it].expandable {
+            if request.expandable {
+                // For best fit an expandable block counts as the size it can grow to.
+                let expandable_size = |id: u32| {
+                    let b = &self.blocks[id];
+                    b.size + if b.next != NIL && !self.blocks[b.next].mapped { self.blocks[b.next].size } else { 0 }
+                };
+                while let Some(next) = pool.free.successor(&self.blocks, it) {
+                    if !(self.blocks[it].expandable
+                        && self.blocks[next].stream == stream
+                        && expandable_size(next) < expandable_size(it))
+                    {
+                        break;
+                    }
+                    it = next;
+                }
+            } else {
+                // Expandable segments were switched off at run time: skip their blocks.
+                loop {
+                    it = pool.free.successor(&self.blocks, it)?;
+                    if !(self.blocks[it].expandable && self.blocks[it].stream == stream) {
+                        break;
+                    }
+                }
+                if self.blocks[it].stream != stream {
+                    return None;
+                }
+            }
+        }
+        let candidate = self.blocks[it].size;
+        let max_split = self.config.max_split_size_raw();
+        // Don't hand an oversize block to a normal request ...
+        if request.size < max_split && candidate >= max_split {
+            return None;
+        }
+        // ... and let an oversize request take one only within the rounding slack.
+        if request.size >= max_split
+            && candidate >= request.size.saturating_add(self.config.max_non_split_rounding_size())
+        {
+            return None;
+        }
+        self.remove_free(it);
+        Some(it)
+    }
+
+    /// `should_split`: small pool or expandable mode keep a remainder of at least 512 bytes;
+    /// the large pool only one of more than 1 MiB, and never for oversize blocks.
+    fn should_split(&self, block: u32, request: &Request) -> bool {
+        let remaining = self.blocks[block].size - request.size;
+        if request.pool == PoolKind::Small || request.expandable {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            request.size < self.config.max_split_size_raw() && remaining > SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,
+    /// keeping its stale requested size), marks the block allocated, records and counts it.
+    fn alloc_found_block(&mut self, found: u32, request: &Request, requested: u64, split: bool) -> Allocation {
+        let already_split = self.blocks[found].is_split();
+        let expandable = self.blocks[found].expandable;
+        let pool = request.pool;
+        let mut block = found;
+        if split {
+            let remaining = found;
+            let (ptr, prev) = (self.blocks[remaining].ptr, self.blocks[remaining].prev);
+            let mut carved = self.sibling(remaining, ptr, request.size);
+            carved.stream = request.stream;
+            block = self.blocks.insert(carved);
+            self.splice(block, prev, remaining);
+            let tail = &mut self.blocks[remaining];
+            tail.ptr += request.size;
+            tail.size -= request.size;
+            let tail_size = tail.size;
+            self.insert_free(remaining);
+            if !expandable {
+                if already_split {
+                    // An inactive split block shrinks by the carved size.
+                    self.stats.inactive_split_bytes.decrease(pool, request.size);
+                } else {
+                    // A new inactive split block appears.
+                    self.stats.inactive_split_bytes.increase(pool, tail_size);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            let size = self.blocks[block].size;
+            self.stats.inactive_split_bytes.decrease(pool, size);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+
+        let context = self.current_context;
+        let b = &mut self.blocks[block];
+        b.allocated = true;
+        b.requested_size = requested;
+        b.context = context;
+        b.location = Location::Active;
+        b.generation = b.generation.wrapping_add(1);
+        let (ptr, size, stream, generation) = (b.ptr, b.size, b.stream, b.generation);
+        self.record(TraceAction::Alloc, ptr, requested, stream, context);
+
+        let stats = &mut self.stats;
+        stats.allocation.increase(pool, 1);
+        stats.allocated_bytes.increase(pool, size);
+        stats.active.increase(pool, 1);
+        stats.active_bytes.increase(pool, size);
+        stats.requested_bytes.increase(pool, requested);
+        if self.is_oversize(size) {
+            self.stats.oversize_allocations.increase(1);
+        }
+        Allocation { allocator: self.id, block, generation, stream, address: ptr, size, requested }
+    }
+
+    /// `alloc_block`: a new segment (or expandable pages) for the request. `Ok(None)` means out
+    /// of memory — the fraction allowance or the device refused; other device errors are `Err`.
+    fn alloc_block(&mut self, request: &Request, is_retry: bool) -> Result<Option<u32>, AllocatorError> {
+        let size = request.alloc_size;
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory.saturating_add(size) > allowed {
+                return Ok(None);
+            }
+        }
+        if request.expandable {
+            return self.try_allocate_expandable_block(request);
+        }
+        let ptr = match self.backend.allocate_segment(size, request.stream) {
+            Ok(ptr) => ptr,
+            Err(BackendError::OutOfMemory { limit }) => {
+                self.last_device_limit = limit;
+                return Ok(None);
+            }
+            Err(other) => return Err(other.into()),
+        };
+        self.total_allocated_memory += size;
+        let segment = self.segments.insert(Segment {
+            base: ptr,
+            size,
+            pool: request.pool,
+            stream: request.stream,
+            head: NIL,
+            page_size: None,
+            context: self.current_context,
+        });
+        let block = self.blocks.insert(Block::new(ptr, size, request.stream, request.pool, segment));
+        self.segments[segment].head = block;
+        self.stats.segment.increase(request.pool, 1);
+        self.stats.reserved_bytes.increase(request.pool, size);
+        if self.is_oversize(size) {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.record(TraceAction::SegmentAlloc, ptr, size, request.stream, self.current_context);
+        Ok(Some(block))
+    }
+
+    /// Builds the out-of-memory error, records the `oom` trace entry and counts it.
+    fn out_of_memory(&mut self, request: &Request, requested: u64) -> AllocatorError {
+        let total = self.backend.device().total_memory;
+        let (device_free, device_total) = self.backend.memory_info().unwrap_or((0, total));
+        let process_text = self.backend.process_memory_text();
+        self.record(TraceAction::Oom, device_free, request.size, request.stream, self.current_context);
+        self.stats.num_ooms += 1;
+        let allocated = self.memory_allocated();
+        let reserved = self.memory_reserved();
+        let limit = self.last_device_limit.take();
+        let message = OomText {
+            allocation_size: request.alloc_size,
+            device: self.backend.device().index,
+            device_total,
+            device_free,
+            process_text: &process_text,
+            allowed: self.allowed_memory_maximum,
+            allocated,
+            reserved,
+            limit: limit.as_deref(),
+        }
+        .render();
+        AllocatorError::OutOfMemory(Box::new(OutOfMemoryError {
+            message,
+            requested,
+            rounded: request.size,
+            allocation_size: request.alloc_size,
+            device_free,
+            device_total,
+            allowed: self.allowed_memory_maximum,
+            allocated,
+            reserved,
+            limit,
+        }))
+    }
+
+    /// Requests of 2^60 bytes or more fail before anything else, with PyTorch's text.
+    fn too_large(&self, size: u64) -> AllocatorError {
+        AllocatorError::OutOfMemory(Box::new(OutOfMemoryError {
+            message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
+            requested: size,
+            rounded: size,
+            allocation_size: size,
+            device_free: 0,
+            device_total: self.backend.device().total_memory,
+            allowed: self.allowed_memory_maximum,
+            allocated: self.memory_allocated(),
+            reserved: self.memory_reserved(),
+            limit: None,
+        }))
+    }
+}

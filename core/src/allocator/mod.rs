@@ -1,0 +1,453 @@
+//! `CachingAllocator`: one owner of all state for one device, with PyTorch 2.11's policy.
+//!
+//! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
+//! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
+//! release, garbage collection), `expandable` (VA reservations and page mapping) and `inspect`
+//! (snapshots and the consistency check). Every state change goes through these paths, which
+//! update the stats and record the trace entry PyTorch would record.
+
+mod expandable;
+mod free;
+mod inspect;
+mod malloc;
+mod release;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::backend::{Backend, DeviceFacts, StreamId};
+use crate::block::{Block, Blocks, Location, NIL, Segment, Slab};
+use crate::config::{AllocatorBackendKind, AllocatorConfig};
+use crate::error::{AllocatorError, HandleError};
+use crate::size::PoolKind;
+use crate::stats::MemoryStats;
+use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
+use crate::tree::{BlockTree, Order};
+
+pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
+
+/// Gives every allocator an id, so a handle from another allocator is recognised.
+static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
+
+/// A live allocation: a small `Copy` handle (block index and generation) plus what the caller
+/// needs to use the memory. Freeing it twice, or freeing it on another allocator, is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    allocator: u32,
+    block: u32,
+    generation: u32,
+    stream: StreamId,
+    address: u64,
+    size: u64,
+    requested: u64,
+}
+
+impl Allocation {
+    /// The device address of the block (for the wgpu backend, an address in its own space).
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+
+    /// The block size: the request rounded up, plus any unsplit slack.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The size the caller asked for.
+    pub fn requested_size(&self) -> u64 {
+        self.requested
+    }
+
+    /// The stream the block was allocated on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Whether this is the handle of a zero-byte request (no block, nothing to free).
+    pub fn is_empty(&self) -> bool {
+        self.block == NIL
+    }
+}
+
+/// One pool: its free blocks ordered for best fit, its unmapped VA ordered by address, and the
+/// garbage collector's clock.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockPool {
+    pub free: BlockTree,
+    pub unmapped: BlockTree,
+    pub free_blocks_call_count: i64,
+}
+
+impl BlockPool {
+    fn new() -> Self {
+        BlockPool {
+            free: BlockTree::new(Order::StreamSizeAddress),
+            unmapped: BlockTree::new(Order::StreamAddress),
+            free_blocks_call_count: 0,
+        }
+    }
+}
+
+/// PyTorch's CUDA caching allocator for one device, over any [`Backend`].
+///
+/// ```
+/// use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+/// let mut allocator = CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default())?;
+/// let x = allocator.malloc(4, StreamId::DEFAULT)?;
+/// assert_eq!(allocator.memory_allocated(), 512);
+/// assert_eq!(allocator.memory_reserved(), 2 << 20);
+/// allocator.free(x)?;
+/// allocator.empty_cache()?;
+/// assert_eq!(allocator.memory_reserved(), 0);
+/// # Ok::<(), cachalot_core::AllocatorError>(())
+/// ```
+pub struct CachingAllocator<B: Backend> {
+    id: u32,
+    backend: B,
+    config: AllocatorConfig,
+    blocks: Blocks,
+    segments: Slab<Segment>,
+    small: BlockPool,
+    large: BlockPool,
+    /// Outstanding cross-stream events, one FIFO per stream (PyTorch's `cuda_events`).
+    events: BTreeMap<StreamId, VecDeque<(B::Event, u32)>>,
+    stats: MemoryStats,
+    /// Bytes obtained from the device (segments and mapped pages), all pools.
+    total_allocated_memory: u64,
+    /// The memory-fraction allowance, when a fraction below 1 is set.
+    allowed_memory_maximum: Option<u64>,
+    recorder: TraceRecorder,
+    contexts: ContextTable,
+    marks: Vec<Mark>,
+    current_context: Option<ContextId>,
+    current_annotation: Option<AnnotationId>,
+    /// The device limit named by the last refused device allocation, for the OOM message.
+    last_device_limit: Option<String>,
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// An empty allocator over `backend`.
+    ///
+    /// Fails if the configuration selects `backend:cudaMallocAsync` (a different allocator) or
+    /// expandable segments on a backend that cannot map pages.
+    pub fn new(backend: B, config: AllocatorConfig) -> Result<Self, AllocatorError> {
+        Self::check_config(&backend, &config)?;
+        let max_split_size = config.max_split_size().map_or(-1, |s| s as i64);
+        let mut allocator = CachingAllocator {
+            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+            backend,
+            blocks: Blocks::default(),
+            segments: Slab::default(),
+            small: BlockPool::new(),
+            large: BlockPool::new(),
+            events: BTreeMap::new(),
+            stats: MemoryStats { max_split_size, ..MemoryStats::default() },
+            total_allocated_memory: 0,
+            allowed_memory_maximum: None,
+            recorder: TraceRecorder::default(),
+            contexts: ContextTable::default(),
+            marks: Vec::new(),
+            current_context: None,
+            current_annotation: None,
+            last_device_limit: None,
+            config,
+        };
+        allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
+        Ok(allocator)
+    }
+
+    fn check_config(backend: &B, config: &AllocatorConfig) -> Result<(), AllocatorError> {
+        if config.backend() == AllocatorBackendKind::CudaMallocAsync {
+            return Err(AllocatorError::Unsupported(
+                "backend:cudaMallocAsync replaces the caching allocator with CUDA's stream-ordered \
+                 allocator; cachalot models the native caching allocator only"
+                    .into(),
+            ));
+        }
+        if config.expandable_segments() && !backend.device().supports_expandable_segments {
+            return Err(AllocatorError::Unsupported(format!(
+                "expandable_segments:True needs virtual memory mapping, which the {} backend ({}) does not offer",
+                backend.device().backend,
+                backend.device().name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Replaces the configuration at run time (PyTorch's `_set_allocator_settings`).
+    /// Existing blocks stay; `max_split_size` in the stats keeps its construction-time value.
+    pub fn set_config(&mut self, config: AllocatorConfig) -> Result<(), AllocatorError> {
+        Self::check_config(&self.backend, &config)?;
+        self.config = config;
+        Ok(())
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably (e.g. to drive a simulator's streams).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Facts about the device.
+    pub fn device(&self) -> &DeviceFacts {
+        self.backend.device()
+    }
+
+    /// `set_per_process_memory_fraction(fraction)`: below 1, device allocations stop at
+    /// `round(fraction × total memory)` bytes (checked before asking the device).
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocatorError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(AllocatorError::Config(crate::config::ConfigError::InvalidValue {
+                key: "per_process_memory_fraction".into(),
+                value: fraction.to_string(),
+                reason: "invalid fraction, please set within [0, 1]".into(),
+            }));
+        }
+        let total = self.backend.device().total_memory;
+        self.allowed_memory_maximum = (fraction < 1.0).then(|| (fraction * total as f64).round() as u64);
+        Ok(())
+    }
+
+    /// The memory fraction in force (1.0 when unlimited).
+    pub fn memory_fraction(&self) -> f64 {
+        match self.allowed_memory_maximum {
+            Some(allowed) => allowed as f64 / self.backend.device().total_memory as f64,
+            None => 1.0,
+        }
+    }
+
+    /// All counters (`memory_stats()`).
+    pub fn stats(&self) -> &MemoryStats {
+        &self.stats
+    }
+
+    /// `memory_allocated()`.
+    pub fn memory_allocated(&self) -> u64 {
+        self.stats.memory_allocated()
+    }
+
+    /// `memory_reserved()`.
+    pub fn memory_reserved(&self) -> u64 {
+        self.stats.memory_reserved()
+    }
+
+    /// `reset_peak_memory_stats()`.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// `memory_summary(abbreviated=...)` for this device.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        crate::summary::memory_summary(&self.stats, self.backend.device().index, abbreviated)
+    }
+
+    /// Largest free cached block (PyTorch's `cacheInfo`), 0 when the cache is empty.
+    pub fn largest_free_block(&self) -> u64 {
+        [&self.small, &self.large]
+            .iter()
+            .flat_map(|pool| pool.free.to_vec(&self.blocks))
+            .map(|id| self.blocks[id].size)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Turns the history (trace) on or off: `max_entries` bounds the ring buffer (oldest
+    /// entries are overwritten), `skip` lists actions not to record, `clear` drops what was
+    /// recorded. Turning it off also clears it, as in PyTorch.
+    pub fn record_history(&mut self, enabled: bool, max_entries: usize, skip: &[TraceAction], clear: bool) {
+        self.recorder.configure(enabled, max_entries, skip, clear);
+    }
+
+    /// Whether history is being recorded.
+    pub fn is_recording_history(&self) -> bool {
+        self.recorder.enabled
+    }
+
+    /// The recorded trace, oldest first.
+    pub fn trace(&self) -> Vec<TraceEntry> {
+        self.recorder.entries()
+    }
+
+    /// Entries recorded since history was first enabled, including ones the ring overwrote.
+    pub fn trace_len_total(&self) -> u64 {
+        self.recorder.recorded
+    }
+
+    /// Interned stacks and annotations referenced by trace entries and blocks.
+    pub fn contexts(&self) -> &ContextTable {
+        &self.contexts
+    }
+
+    /// Interns a stack for use with [`CachingAllocator::set_context`].
+    pub fn intern_context(&mut self, frames: &[Frame]) -> ContextId {
+        self.contexts.intern(frames)
+    }
+
+    /// The stack that following calls are made from (recorded in trace entries and in blocks);
+    /// `None` lets frees report the stack of the allocation instead, as PyTorch does.
+    pub fn set_context(&mut self, context: Option<ContextId>) {
+        self.current_context = context;
+    }
+
+    /// `compile_context` and `user_metadata` for following trace entries.
+    pub fn set_annotation(&mut self, compile_context: &str, user_metadata: &str) {
+        self.current_annotation = self.contexts.intern_annotation(compile_context, user_metadata);
+    }
+
+    /// Records a labelled mark with the current `memory_allocated()` / `memory_reserved()`.
+    pub fn mark(&mut self, label: impl Into<String>) {
+        let time_us = self.backend.now_us();
+        self.marks.push(Mark {
+            label: label.into(),
+            trace_index: self.recorder.recorded,
+            allocated: self.memory_allocated(),
+            reserved: self.memory_reserved(),
+            time_us,
+        });
+    }
+
+    /// The marks recorded so far.
+    pub fn marks(&self) -> &[Mark] {
+        &self.marks
+    }
+
+    /// Validates a handle and returns its block, which is allocated.
+    fn live_block(&self, allocation: &Allocation) -> Result<u32, HandleError> {
+        let address = allocation.address;
+        if allocation.allocator != self.id {
+            return Err(HandleError::Foreign { address });
+        }
+        match self.blocks.get(allocation.block) {
+            Some(b) if b.generation == allocation.generation && b.allocated => Ok(allocation.block),
+            Some(b) if b.generation == allocation.generation => Err(HandleError::DoubleFree { address }),
+            _ => Err(HandleError::Stale { address }),
+        }
+    }
+
+    // ---- small shared helpers: pools, trace, stats ----
+
+    #[inline]
+    fn gc_enabled(&self) -> bool {
+        self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold() > 0.0
+    }
+
+    #[inline]
+    fn pool(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    /// Puts a free mapped block into its pool's best-fit set (`insert_into_blocks`).
+    #[inline]
+    fn insert_free(&mut self, id: u32) {
+        let pool = match self.blocks[id].pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        self.blocks[id].gc_count_base = pool.free_blocks_call_count;
+        self.blocks[id].location = Location::Free;
+        pool.free.insert(&mut self.blocks, id);
+    }
+
+    #[inline]
+    fn remove_free(&mut self, id: u32) {
+        let pool = match self.blocks[id].pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        pool.free.remove(&mut self.blocks, id);
+        self.blocks[id].location = Location::Detached;
+    }
+
+    fn insert_unmapped(&mut self, id: u32) {
+        let pool = match self.blocks[id].pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        self.blocks[id].location = Location::Unmapped;
+        pool.unmapped.insert(&mut self.blocks, id);
+    }
+
+    fn remove_unmapped(&mut self, id: u32) {
+        let pool = match self.blocks[id].pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        pool.unmapped.remove(&mut self.blocks, id);
+        self.blocks[id].location = Location::Detached;
+    }
+
+    /// Links `id` between `before` and `after` (PyTorch's `Block::splice`), keeping the
+    /// segment's head current.
+    fn splice(&mut self, id: u32, before: u32, after: u32) {
+        if before != NIL {
+            self.blocks[before].next = id;
+        } else {
+            let segment = self.blocks[id].segment;
+            self.segments[segment].head = id;
+        }
+        self.blocks[id].prev = before;
+        if after != NIL {
+            self.blocks[after].prev = id;
+        }
+        self.blocks[id].next = after;
+    }
+
+    /// A new block in the same segment and pool as `like`.
+    fn sibling(&self, like: u32, ptr: u64, size: u64) -> Block {
+        let b = &self.blocks[like];
+        let mut block = Block::new(ptr, size, b.stream, b.pool, b.segment);
+        block.expandable = b.expandable;
+        block
+    }
+
+    #[inline]
+    fn record(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId, context: Option<ContextId>) {
+        if !self.recorder.enabled {
+            return;
+        }
+        let time_us = self.backend.now_us();
+        self.recorder.record(TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            context,
+            annotation: self.current_annotation,
+        });
+    }
+
+    #[inline]
+    fn is_oversize(&self, size: u64) -> bool {
+        size >= self.config.max_split_size_raw()
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("device", &self.backend.device().name)
+            .field("allocated", &self.memory_allocated())
+            .field("reserved", &self.memory_reserved())
+            .field("segments", &self.segments.len())
+            .field("blocks", &self.blocks.len())
+            .finish()
+    }
+}

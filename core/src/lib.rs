@@ -1,0 +1,47 @@
+//! # cachalot-core
+//!
+//! A caching GPU memory allocator that behaves exactly like PyTorch 2.11's CUDA caching
+//! allocator — same rounding, pools, best fit, split and merge, streams and events, garbage
+//! collection, out-of-memory retry chain, expandable segments, `memory_stats()` and
+//! `memory_summary()` — over any device that implements [`Backend`].
+//!
+//! This crate is pure Rust with no GPU dependency (it also builds for `wasm32`): all policy
+//! lives here, and the backends (`cachalot-cuda`, `cachalot-wgpu`, and [`SimBackend`] in this
+//! crate) only provide raw segments, page mapping, stream events and device facts. The same
+//! policy code therefore runs on CUDA, wgpu, the simulator and in the browser.
+//!
+//! ```
+//! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+//!
+//! // The worked example of the spec: tensors of 4 B, 43,008,000 B, 1 MiB + 1, 15 MiB and 25 MiB.
+//! let mut allocator = CachingAllocator::new(SimBackend::new(150_109_880_320), AllocatorConfig::default())?;
+//! for size in [4, 43_008_000, (1 << 20) + 1, 15 << 20, 25 << 20] {
+//!     allocator.malloc(size, StreamId::DEFAULT)?;
+//! }
+//! assert_eq!(allocator.memory_allocated(), 88_081_408);
+//! assert_eq!(allocator.memory_reserved(), 90 << 20);
+//! # Ok::<(), cachalot_core::AllocatorError>(())
+//! ```
+
+mod allocator;
+pub mod backend;
+mod block;
+pub mod config;
+pub mod error;
+mod shared;
+pub mod snapshot;
+pub mod sim;
+pub mod size;
+pub mod stats;
+pub mod summary;
+pub mod trace;
+mod tree;
+
+pub use allocator::{Allocation, BlockSnapshot, BlockState, CachingAllocator, SegmentSnapshot};
+pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
+pub use config::{AllocatorConfig, ConfigBuilder, ConfigError};
+pub use error::{AllocatorError, HandleError, OutOfMemoryError};
+pub use shared::SharedAllocator;
+pub use sim::SimBackend;
+pub use stats::MemoryStats;
+pub use trace::{ContextId, Frame, Mark, TraceAction, TraceEntry};

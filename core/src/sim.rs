@@ -1,0 +1,368 @@
+//! `SimBackend`: a device with a capacity and a deterministic address space but no memory.
+//!
+//! It serves replays, what-if planning, tests and machines without a GPU. Addresses come from a
+//! bump pointer that never reuses an address (as the CUDA driver was observed to do), or from a
+//! plan: the addresses a recorded trace got, because PyTorch 2.11 breaks best-fit ties by device
+//! address. Streams are instantly idle unless a test or a replay holds one busy.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::backend::{Backend, BackendError, DeviceFacts, StreamId};
+use crate::size::SMALL_BUFFER;
+
+/// Where fresh simulated addresses start (a typical CUDA device address).
+const FIRST_ADDRESS: u64 = 0x7f00_0000_0000;
+
+/// An event of the simulator: a position in a stream's work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimEvent {
+    stream: StreamId,
+    sequence: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct StreamWork {
+    /// Events recorded so far.
+    recorded: u64,
+    /// Events up to this sequence number are complete, while the stream is held busy.
+    completed: u64,
+    held: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Reservation {
+    size: u64,
+    page_size: u64,
+    mapped: std::collections::BTreeSet<u64>,
+}
+
+/// A simulated device.
+#[derive(Clone, Debug)]
+pub struct SimBackend {
+    facts: DeviceFacts,
+    used: u64,
+    next_address: u64,
+    planned_segments: VecDeque<u64>,
+    planned_reservations: VecDeque<u64>,
+    plan_misses: u64,
+    segments: BTreeMap<u64, u64>,
+    reservations: BTreeMap<u64, Reservation>,
+    streams: BTreeMap<StreamId, StreamWork>,
+    free_override: Option<u64>,
+    clock_us: i64,
+    process_text: String,
+}
+
+impl SimBackend {
+    /// A device of `capacity` bytes that also reports `capacity` as its total memory.
+    pub fn new(capacity: u64) -> Self {
+        SimBackend {
+            facts: DeviceFacts {
+                backend: "sim".into(),
+                name: "cachalot simulator".into(),
+                index: 0,
+                total_memory: capacity,
+                alignment: 512,
+                max_segment_size: None,
+                max_binding_size: None,
+                supports_expandable_segments: true,
+                details: Vec::new(),
+            },
+            used: 0,
+            next_address: FIRST_ADDRESS,
+            planned_segments: VecDeque::new(),
+            planned_reservations: VecDeque::new(),
+            plan_misses: 0,
+            segments: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            streams: BTreeMap::new(),
+            free_override: None,
+            clock_us: 0,
+            process_text: String::new(),
+        }
+    }
+
+    /// Renames the simulated device (e.g. after the GPU a trace was recorded on).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.facts.name = name.into();
+        self
+    }
+
+    /// Bytes currently backed: live segments plus mapped pages.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Addresses to give the next segment allocations, in order (from a recorded trace).
+    pub fn plan_segment_addresses(&mut self, addresses: impl IntoIterator<Item = u64>) {
+        self.planned_segments.extend(addresses);
+    }
+
+    /// Base addresses to give the next VA reservations, in order.
+    pub fn plan_reservation_addresses(&mut self, addresses: impl IntoIterator<Item = u64>) {
+        self.planned_reservations.extend(addresses);
+    }
+
+    /// How many planned addresses could not be used because they overlapped live memory.
+    pub fn plan_misses(&self) -> u64 {
+        self.plan_misses
+    }
+
+    /// Makes the device report `free` bytes and refuse any allocation or mapping larger than
+    /// that, as the real device did at a recorded out-of-memory error. `None` restores the
+    /// capacity model.
+    pub fn set_free_memory_override(&mut self, free: Option<u64>) {
+        self.free_override = free;
+    }
+
+    /// Sets the clock trace entries are stamped with.
+    pub fn set_time_us(&mut self, time_us: i64) {
+        self.clock_us = time_us;
+    }
+
+    /// Sets the per-process sentence of out-of-memory messages (empty by default).
+    pub fn set_process_memory_text(&mut self, text: impl Into<String>) {
+        self.process_text = text.into();
+    }
+
+    /// Keeps `stream` busy: events recorded on it from now on stay incomplete until
+    /// [`SimBackend::finish_stream`] or a synchronization.
+    pub fn hold_stream(&mut self, stream: StreamId) {
+        let work = self.streams.entry(stream).or_default();
+        if !work.held {
+            work.held = true;
+            work.completed = work.recorded;
+        }
+    }
+
+    /// Completes all work recorded on `stream` and lets it run freely again.
+    pub fn finish_stream(&mut self, stream: StreamId) {
+        if let Some(work) = self.streams.get_mut(&stream) {
+            work.completed = work.recorded;
+            work.held = false;
+        }
+    }
+
+    fn fresh_address(&mut self, size: u64) -> u64 {
+        let address = self.next_address;
+        // Keep addresses 2 MiB aligned, like the driver's large allocations.
+        self.next_address += size.div_ceil(SMALL_BUFFER).max(1) * SMALL_BUFFER;
+        address
+    }
+
+    /// Whether `[address, address + size)` touches a live segment or reservation. Stored ranges
+    /// never overlap, so only the last one starting before the end can reach the start.
+    fn overlaps(&self, address: u64, size: u64) -> bool {
+        let end = address.saturating_add(size);
+        let segment = self.segments.range(..end).next_back().is_some_and(|(&b, &len)| b + len > address);
+        let reservation =
+            self.reservations.range(..end).next_back().is_some_and(|(&b, r)| b + r.size > address);
+        segment || reservation
+    }
+
+    fn take_address(&mut self, planned_reservation: bool, size: u64) -> u64 {
+        let planned = if planned_reservation {
+            self.planned_reservations.pop_front()
+        } else {
+            self.planned_segments.pop_front()
+        };
+        match planned {
+            Some(address) if !self.overlaps(address, size) => {
+                self.next_address = self.next_address.max(address.saturating_add(size).next_multiple_of(SMALL_BUFFER));
+                address
+            }
+            Some(_) => {
+                self.plan_misses += 1;
+                self.fresh_address(size)
+            }
+            None => self.fresh_address(size),
+        }
+    }
+
+    fn check_room(&self, size: u64) -> Result<(), BackendError> {
+        let free = self.free_override.unwrap_or(self.facts.total_memory.saturating_sub(self.used));
+        if size > free { Err(BackendError::out_of_memory()) } else { Ok(()) }
+    }
+}
+
+impl Backend for SimBackend {
+    type Event = SimEvent;
+
+    fn device(&self) -> &DeviceFacts {
+        &self.facts
+    }
+
+    fn allocate_segment(&mut self, size: u64, _stream: StreamId) -> Result<u64, BackendError> {
+        self.check_room(size)?;
+        let address = self.take_address(false, size);
+        self.segments.insert(address, size);
+        self.used += size;
+        Ok(address)
+    }
+
+    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        match self.segments.remove(&address) {
+            Some(len) if len == size => {
+                self.used -= size;
+                Ok(())
+            }
+            Some(len) => {
+                self.segments.insert(address, len);
+                Err(BackendError::Device(format!("free of {size} bytes at {address:#x}, but the segment has {len}")))
+            }
+            None => Err(BackendError::Device(format!("free of unknown segment {address:#x}"))),
+        }
+    }
+
+    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+        let free = self.free_override.unwrap_or(self.facts.total_memory.saturating_sub(self.used));
+        Ok((free, self.facts.total_memory))
+    }
+
+    fn reserve_address_space(&mut self, size: u64, page_size: u64, _stream: StreamId) -> Result<u64, BackendError> {
+        let base = self.take_address(true, size);
+        self.reservations.insert(base, Reservation { size, page_size, mapped: Default::default() });
+        Ok(base)
+    }
+
+    fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
+        let reservation = self
+            .reservations
+            .get(&base)
+            .ok_or_else(|| BackendError::Device(format!("map in unknown reservation {base:#x}")))?;
+        let page = reservation.page_size;
+        if offset % page != 0 || size % page != 0 || offset + size > reservation.size {
+            return Err(BackendError::Device(format!("map of [{offset:#x}, +{size:#x}) is not whole pages of {base:#x}")));
+        }
+        if (offset..offset + size).step_by(page as usize).any(|p| reservation.mapped.contains(&p)) {
+            return Err(BackendError::Device(format!("map of an already mapped page in {base:#x}")));
+        }
+        self.check_room(size)?;
+        if let Some(reservation) = self.reservations.get_mut(&base) {
+            reservation.mapped.extend((offset..offset + size).step_by(page as usize));
+        }
+        self.used += size;
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        let reservation = self
+            .reservations
+            .get_mut(&base)
+            .ok_or_else(|| BackendError::Device(format!("unmap in unknown reservation {base:#x}")))?;
+        let page = reservation.page_size;
+        let pages: Vec<u64> = (offset..offset + size).step_by(page as usize).collect();
+        if offset % page != 0 || size % page != 0 || pages.iter().any(|p| !reservation.mapped.contains(p)) {
+            return Err(BackendError::Device(format!("unmap of pages that are not mapped in {base:#x}")));
+        }
+        for p in pages {
+            reservation.mapped.remove(&p);
+        }
+        self.used -= size;
+        // Unmapping waits for the stream, like PyTorch's cudaStreamSynchronize.
+        self.finish_stream(stream);
+        Ok(())
+    }
+
+    fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
+        match self.reservations.get(&base) {
+            Some(r) if r.size == size && r.mapped.is_empty() => {
+                self.reservations.remove(&base);
+                Ok(())
+            }
+            Some(_) => Err(BackendError::Device(format!("release of reservation {base:#x} that still has pages or another size"))),
+            None => Err(BackendError::Device(format!("release of unknown reservation {base:#x}"))),
+        }
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
+        let work = self.streams.entry(stream).or_default();
+        work.recorded += 1;
+        Ok(SimEvent { stream, sequence: work.recorded })
+    }
+
+    fn query_event(&mut self, event: &SimEvent) -> Result<bool, BackendError> {
+        Ok(match self.streams.get(&event.stream) {
+            Some(work) if work.held => event.sequence <= work.completed,
+            _ => true,
+        })
+    }
+
+    fn synchronize_event(&mut self, event: &SimEvent) -> Result<(), BackendError> {
+        if let Some(work) = self.streams.get_mut(&event.stream) {
+            work.completed = work.completed.max(event.sequence);
+        }
+        Ok(())
+    }
+
+    fn now_us(&mut self) -> i64 {
+        self.clock_us
+    }
+
+    fn process_memory_text(&mut self) -> String {
+        self.process_text.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_fresh_aligned_and_follow_a_plan() {
+        let mut sim = SimBackend::new(1 << 30);
+        let a = sim.allocate_segment(3 << 20, StreamId::DEFAULT).unwrap();
+        let b = sim.allocate_segment(512, StreamId::DEFAULT).unwrap();
+        assert_eq!(a % SMALL_BUFFER, 0);
+        assert!(b >= a + (3 << 20));
+        sim.free_segment(a, 3 << 20).unwrap();
+        let c = sim.allocate_segment(3 << 20, StreamId::DEFAULT).unwrap();
+        assert_ne!(c, a, "addresses are never reused");
+        sim.plan_segment_addresses([0x1000_0000, b]);
+        assert_eq!(sim.allocate_segment(1 << 20, StreamId::DEFAULT).unwrap(), 0x1000_0000);
+        let d = sim.allocate_segment(1 << 20, StreamId::DEFAULT).unwrap();
+        assert_ne!(d, b, "a planned address over live memory is not used");
+        assert_eq!(sim.plan_misses(), 1);
+    }
+
+    #[test]
+    fn capacity_and_free_override_refuse_allocations() {
+        let mut sim = SimBackend::new(4 << 20);
+        sim.allocate_segment(2 << 20, StreamId::DEFAULT).unwrap();
+        assert!(sim.allocate_segment(4 << 20, StreamId::DEFAULT).is_err());
+        assert_eq!(sim.memory_info().unwrap(), (2 << 20, 4 << 20));
+        sim.set_free_memory_override(Some(1 << 20));
+        assert!(sim.allocate_segment(2 << 20, StreamId::DEFAULT).is_err());
+        assert_eq!(sim.memory_info().unwrap().0, 1 << 20);
+    }
+
+    #[test]
+    fn held_streams_keep_events_pending() {
+        let mut sim = SimBackend::new(1 << 30);
+        let s = StreamId(7);
+        let free_running = sim.record_event(s).unwrap();
+        assert!(sim.query_event(&free_running).unwrap());
+        sim.hold_stream(s);
+        let e1 = sim.record_event(s).unwrap();
+        let e2 = sim.record_event(s).unwrap();
+        assert!(!sim.query_event(&e1).unwrap());
+        sim.synchronize_event(&e1).unwrap();
+        assert!(sim.query_event(&e1).unwrap());
+        assert!(!sim.query_event(&e2).unwrap());
+        sim.finish_stream(s);
+        assert!(sim.query_event(&e2).unwrap());
+    }
+
+    #[test]
+    fn pages_map_and_unmap_inside_reservations() {
+        let mut sim = SimBackend::new(100 << 20);
+        let base = sim.reserve_address_space(200 << 20, 20 << 20, StreamId::DEFAULT).unwrap();
+        sim.map_pages(base, 0, 40 << 20).unwrap();
+        assert_eq!(sim.used(), 40 << 20);
+        assert!(sim.map_pages(base, 20 << 20, 20 << 20).is_err(), "double map");
+        assert!(sim.map_pages(base, 40 << 20, 80 << 20).is_err(), "over capacity");
+        assert!(sim.release_address_space(base, 200 << 20).is_err(), "pages still mapped");
+        sim.unmap_pages(base, 0, 40 << 20, StreamId::DEFAULT).unwrap();
+        sim.release_address_space(base, 200 << 20).unwrap();
+    }
+}

@@ -1,0 +1,114 @@
+//! PyTorch's snapshot, as `torch.cuda.memory._snapshot()` returns it (spec §9.2), in typed
+//! form. Stacks are interned in a [`ContextTable`] so that the frame lists PyTorch shares
+//! between thousands of entries stay shared here.
+
+use crate::allocator::BlockState;
+use crate::config::AllocatorConfig;
+use crate::size::{PoolKind, ROUNDUP_INTERVALS, RoundupDivisions};
+use crate::trace::{ContextId, ContextTable, TraceEntry};
+
+/// A whole PyTorch snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct TorchSnapshot {
+    /// Segments of all devices, sorted by address per device.
+    pub segments: Vec<TorchSegment>,
+    /// One trace per device, oldest entry first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// The allocator configuration PyTorch parsed; `None` in a bare list of segments
+    /// (`torch.cuda.memory_snapshot()`) or very old snapshots.
+    pub allocator_settings: Option<TorchAllocatorSettings>,
+    /// Number of `record_function` annotations (kept only as a count).
+    pub external_annotations: usize,
+    /// The stacks and annotation strings referenced by segments, blocks and entries.
+    pub contexts: ContextTable,
+}
+
+/// One segment of a snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchSegment {
+    /// Device ordinal.
+    pub device: i64,
+    /// Address of the first block.
+    pub address: u64,
+    /// Bytes in the segment.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of allocated and pending-free blocks.
+    pub active_size: u64,
+    /// Requested bytes of active blocks.
+    pub requested_size: u64,
+    /// `cudaStream_t` as an integer.
+    pub stream: u64,
+    /// `"small"` or `"large"`.
+    pub segment_type: PoolKind,
+    /// `(0, 0)` for the default pools, else the private pool.
+    pub segment_pool_id: (i64, i64),
+    /// Whether it is a mapped range of an expandable segment.
+    pub is_expandable: bool,
+    /// Stack of the segment's creation.
+    pub frames: Option<ContextId>,
+    /// Blocks in address order.
+    pub blocks: Vec<TorchBlock>,
+}
+
+/// One block of a [`TorchSegment`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchBlock {
+    /// Address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Requested size (stale for free blocks).
+    pub requested_size: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
+    pub state: BlockState,
+    /// Stack of the allocation.
+    pub frames: Option<ContextId>,
+}
+
+/// `allocator_settings` of a snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchAllocatorSettings {
+    /// The raw `PYTORCH_CUDA_ALLOC_CONF` string ("" if none).
+    pub settings: String,
+    /// `max_split_size`, `-1` when unlimited.
+    pub max_split_size: i64,
+    /// `garbage_collection_threshold`.
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `pinned_num_register_threads`.
+    pub pinned_num_register_threads: i64,
+    /// `release_lock_on_cudamalloc`.
+    pub release_lock_on_cudamalloc: bool,
+    /// `pinned_use_cuda_host_register`.
+    pub pinned_use_cuda_host_register: bool,
+    /// `graph_capture_record_stream_reuse`.
+    pub graph_capture_record_stream_reuse: bool,
+    /// `roundup_power2_divisions`, keyed `"1"`, `"2"`, ... `"32768"` (MB) in the pickle.
+    pub roundup_power2_divisions: RoundupDivisions,
+}
+
+impl TorchAllocatorSettings {
+    /// The settings PyTorch would report for `config`.
+    pub fn from_config(config: &AllocatorConfig) -> Self {
+        TorchAllocatorSettings {
+            settings: config.settings().to_owned(),
+            max_split_size: config.max_split_size().map_or(-1, |s| s as i64),
+            garbage_collection_threshold: config.garbage_collection_threshold(),
+            expandable_segments: config.expandable_segments(),
+            pinned_num_register_threads: config.pinned_num_register_threads() as i64,
+            release_lock_on_cudamalloc: config.release_lock_on_cudamalloc(),
+            pinned_use_cuda_host_register: config.pinned_use_cuda_host_register(),
+            graph_capture_record_stream_reuse: config.graph_capture_record_stream_reuse(),
+            roundup_power2_divisions: *config.roundup_power2_divisions(),
+        }
+    }
+
+    /// The MB key of interval `i` in the pickle's `roundup_power2_divisions` dict.
+    pub fn interval_key(i: usize) -> String {
+        debug_assert!(i < ROUNDUP_INTERVALS);
+        (1u64 << i).to_string()
+    }
+}

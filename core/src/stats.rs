@@ -1,0 +1,364 @@
+//! `memory_stats()`: PyTorch's counters, their update rules and the 122 flattened keys
+//! (spec §7).
+
+use std::collections::BTreeMap;
+
+use crate::size::PoolKind;
+
+/// One counter with PyTorch's four readings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stat {
+    /// The value now.
+    pub current: i64,
+    /// The highest `current` since the last peak reset.
+    pub peak: i64,
+    /// The sum of all increases since the last accumulated reset.
+    pub allocated: i64,
+    /// The sum of all decreases since the last accumulated reset.
+    pub freed: i64,
+}
+
+impl Stat {
+    /// `increase(n)`: current, peak and allocated move.
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current += amount;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount;
+    }
+
+    /// `decrease(n)`: current and freed move; the peak stays.
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current -= amount;
+        self.freed += amount;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// Which bucket of a [`StatArray`]: every update goes to `All` and to one pool bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatType {
+    /// Both pools (`all`).
+    All = 0,
+    /// The small pool (`small_pool`).
+    SmallPool = 1,
+    /// The large pool (`large_pool`).
+    LargePool = 2,
+}
+
+impl StatType {
+    const ALL: [StatType; 3] = [StatType::All, StatType::SmallPool, StatType::LargePool];
+
+    /// The key PyTorch uses in `memory_stats()`.
+    pub fn key(self) -> &'static str {
+        match self {
+            StatType::All => "all",
+            StatType::SmallPool => "small_pool",
+            StatType::LargePool => "large_pool",
+        }
+    }
+}
+
+/// A [`Stat`] per [`StatType`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    /// The bucket for `kind`.
+    pub fn get(&self, kind: StatType) -> &Stat {
+        &self.0[kind as usize]
+    }
+
+    /// The `all` bucket.
+    pub fn all(&self) -> &Stat {
+        &self.0[0]
+    }
+
+    /// Increases `all` and the bucket of `pool`.
+    #[inline]
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.0[0].increase(amount);
+        self.0[pool_index(pool)].increase(amount);
+    }
+
+    /// Decreases `all` and the bucket of `pool`.
+    #[inline]
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.0[0].decrease(amount);
+        self.0[pool_index(pool)].decrease(amount);
+    }
+
+    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        self.0.iter_mut().for_each(f);
+    }
+}
+
+#[inline]
+fn pool_index(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => StatType::SmallPool as usize,
+        PoolKind::Large => StatType::LargePool as usize,
+    }
+}
+
+/// Everything `torch.cuda.memory_stats()` reports for one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryStats {
+    /// Blocks handed to users and not yet free-requested.
+    pub allocation: StatArray,
+    /// Device allocations (cudaMalloc'd segments; expandable segments are not counted).
+    pub segment: StatArray,
+    /// Blocks allocated or waiting for their cross-stream events.
+    pub active: StatArray,
+    /// Free blocks that are part of a split segment (non-releasable).
+    pub inactive_split: StatArray,
+    /// Bytes of [`MemoryStats::allocation`] blocks (rounded sizes).
+    pub allocated_bytes: StatArray,
+    /// Bytes held from the device (segments + mapped pages).
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes originally requested by active blocks.
+    pub requested_bytes: StatArray,
+    /// Allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+    /// Times the allocator released the whole cache and retried a device allocation.
+    pub num_alloc_retries: u64,
+    /// Out-of-memory errors raised.
+    pub num_ooms: u64,
+    /// Times every outstanding event was waited for (`synchronize_and_free_events`).
+    pub num_sync_all_streams: u64,
+    /// Device allocations and page mappings.
+    pub num_device_alloc: u64,
+    /// Device frees and page unmappings.
+    pub num_device_free: u64,
+    /// `max_split_size` at construction, `-1` when unlimited.
+    pub max_split_size: i64,
+}
+
+/// The nine stat arrays in PyTorch's nesting order, with their key names.
+const ARRAYS: [&str; 9] = [
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+];
+
+/// Number of keys in the flattened `memory_stats()` of PyTorch 2.11.
+pub const MEMORY_STATS_KEYS: usize = 122;
+
+impl MemoryStats {
+    /// The stat array called `name` in `memory_stats()` (e.g. `"reserved_bytes"`).
+    pub fn array(&self, name: &str) -> Option<&StatArray> {
+        Some(match name {
+            "allocation" => &self.allocation,
+            "segment" => &self.segment,
+            "active" => &self.active,
+            "inactive_split" => &self.inactive_split,
+            "allocated_bytes" => &self.allocated_bytes,
+            "reserved_bytes" => &self.reserved_bytes,
+            "active_bytes" => &self.active_bytes,
+            "inactive_split_bytes" => &self.inactive_split_bytes,
+            "requested_bytes" => &self.requested_bytes,
+            _ => return None,
+        })
+    }
+
+    fn array_mut(&mut self, name: &str) -> Option<&mut StatArray> {
+        Some(match name {
+            "allocation" => &mut self.allocation,
+            "segment" => &mut self.segment,
+            "active" => &mut self.active,
+            "inactive_split" => &mut self.inactive_split,
+            "allocated_bytes" => &mut self.allocated_bytes,
+            "reserved_bytes" => &mut self.reserved_bytes,
+            "active_bytes" => &mut self.active_bytes,
+            "inactive_split_bytes" => &mut self.inactive_split_bytes,
+            "requested_bytes" => &mut self.requested_bytes,
+            _ => return None,
+        })
+    }
+
+    /// `memory_allocated()`.
+    pub fn memory_allocated(&self) -> u64 {
+        self.allocated_bytes.all().current as u64
+    }
+
+    /// `memory_reserved()`.
+    pub fn memory_reserved(&self) -> u64 {
+        self.reserved_bytes.all().current as u64
+    }
+
+    /// `max_memory_allocated()`.
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.allocated_bytes.all().peak as u64
+    }
+
+    /// `max_memory_reserved()`.
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.reserved_bytes.all().peak as u64
+    }
+
+    /// `reset_peak_memory_stats()`: every peak becomes its current value.
+    pub fn reset_peak(&mut self) {
+        for name in ARRAYS {
+            if let Some(array) = self.array_mut(name) {
+                array.for_each(Stat::reset_peak);
+            }
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats()`: allocated/freed sums and the `num_*` counters go
+    /// to zero; `max_split_size` stays.
+    pub fn reset_accumulated(&mut self) {
+        for name in ARRAYS {
+            if let Some(array) = self.array_mut(name) {
+                array.for_each(Stat::reset_accumulated);
+            }
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    /// The flattened, sorted `memory_stats()` dictionary: 122 keys such as
+    /// `"allocated_bytes.all.current"`.
+    pub fn to_flat(&self) -> BTreeMap<String, i64> {
+        let mut flat = BTreeMap::new();
+        for name in ARRAYS {
+            let Some(array) = self.array(name) else { continue };
+            for kind in StatType::ALL {
+                insert_stat(&mut flat, &format!("{name}.{}", kind.key()), array.get(kind));
+            }
+        }
+        insert_stat(&mut flat, "oversize_allocations", &self.oversize_allocations);
+        insert_stat(&mut flat, "oversize_segments", &self.oversize_segments);
+        for (key, value) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ] {
+            flat.insert(key.to_owned(), value as i64);
+        }
+        flat.insert("max_split_size".to_owned(), self.max_split_size);
+        flat
+    }
+
+    /// Rebuilds stats from a flattened dictionary (e.g. PyTorch's recorded `memory_stats()`).
+    /// Keys that are absent read as zero; unknown keys are an error naming them.
+    pub fn from_flat(flat: &BTreeMap<String, i64>) -> Result<Self, String> {
+        let mut stats = MemoryStats::default();
+        for (key, &value) in flat {
+            let parts: Vec<&str> = key.split('.').collect();
+            let stat = match parts.as_slice() {
+                [name, bucket, field] => {
+                    let kind = StatType::ALL
+                        .into_iter()
+                        .find(|k| k.key() == *bucket)
+                        .ok_or_else(|| format!("unknown stat bucket in '{key}'"))?;
+                    let array = stats.array_mut(name).ok_or_else(|| format!("unknown stat '{key}'"))?;
+                    Some((&mut array.0[kind as usize], *field))
+                }
+                ["oversize_allocations", field] => Some((&mut stats.oversize_allocations, *field)),
+                ["oversize_segments", field] => Some((&mut stats.oversize_segments, *field)),
+                [name] => {
+                    let counter = match *name {
+                        "num_alloc_retries" => &mut stats.num_alloc_retries,
+                        "num_ooms" => &mut stats.num_ooms,
+                        "num_sync_all_streams" => &mut stats.num_sync_all_streams,
+                        "num_device_alloc" => &mut stats.num_device_alloc,
+                        "num_device_free" => &mut stats.num_device_free,
+                        "max_split_size" => {
+                            stats.max_split_size = value;
+                            continue;
+                        }
+                        // Newer PyTorch releases add counters 2.11 does not have.
+                        "num_oom_rejections" => continue,
+                        _ => return Err(format!("unknown stat '{key}'")),
+                    };
+                    *counter = value as u64;
+                    None
+                }
+                _ => return Err(format!("unknown stat '{key}'")),
+            };
+            if let Some((stat, field)) = stat {
+                match field {
+                    "current" => stat.current = value,
+                    "peak" => stat.peak = value,
+                    "allocated" => stat.allocated = value,
+                    "freed" => stat.freed = value,
+                    _ => return Err(format!("unknown stat field in '{key}'")),
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+fn insert_stat(flat: &mut BTreeMap<String, i64>, prefix: &str, stat: &Stat) {
+    flat.insert(format!("{prefix}.allocated"), stat.allocated);
+    flat.insert(format!("{prefix}.current"), stat.current);
+    flat.insert(format!("{prefix}.freed"), stat.freed);
+    flat.insert(format!("{prefix}.peak"), stat.peak);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_arithmetic_matches_pytorch() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.decrease(4);
+        s.increase(2);
+        assert_eq!(s, Stat { current: 8, peak: 10, allocated: 12, freed: 4 });
+        s.reset_peak();
+        assert_eq!(s.peak, 8);
+        s.reset_accumulated();
+        assert_eq!((s.allocated, s.freed, s.current), (0, 0, 8));
+    }
+
+    #[test]
+    fn flat_dictionary_has_122_sorted_keys_and_round_trips() {
+        let mut stats = MemoryStats { max_split_size: -1, ..MemoryStats::default() };
+        stats.reserved_bytes.increase(PoolKind::Large, 2 << 20);
+        stats.num_ooms = 3;
+        let flat = stats.to_flat();
+        assert_eq!(flat.len(), MEMORY_STATS_KEYS);
+        assert_eq!(flat["reserved_bytes.large_pool.current"], 2 << 20);
+        assert_eq!(flat["reserved_bytes.all.peak"], 2 << 20);
+        assert_eq!(flat["reserved_bytes.small_pool.current"], 0);
+        assert_eq!(flat["max_split_size"], -1);
+        assert_eq!(MemoryStats::from_flat(&flat).unwrap(), stats);
+        assert!(MemoryStats::from_flat(&BTreeMap::from([("bogus.all.current".into(), 1)])).is_err());
+    }
+}

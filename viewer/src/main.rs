@@ -1,0 +1,3 @@
+//! The `cachalot` command line.
+
+fn main() {}
