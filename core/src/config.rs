@@ -138,19 +138,11 @@ impl AllocatorConfig {
         match key {
             "large_segment_size_mb" => {} // applied first, see `parse`
             "max_split_size_mb" => self.set_max_split_size_mb(parse_uint(key, value)?)?,
-            "max_non_split_rounding_mb" => {
-                self.set_max_non_split_rounding_mb(parse_uint(key, value)?)?
-            }
-            "garbage_collection_threshold" => {
-                self.set_garbage_collection_threshold(parse_float(key, value)?)?
-            }
-            "roundup_power2_divisions" => {
-                self.roundup_power2_divisions = parse_divisions(key, value)?
-            }
+            "max_non_split_rounding_mb" => self.set_max_non_split_rounding_mb(parse_uint(key, value)?)?,
+            "garbage_collection_threshold" => self.set_garbage_collection_threshold(parse_float(key, value)?)?,
+            "roundup_power2_divisions" => self.roundup_power2_divisions = parse_divisions(key, value)?,
             "expandable_segments" => self.expandable_segments = parse_bool(key, value)?,
-            "pinned_use_background_threads" => {
-                self.pinned_use_background_threads = parse_bool(key, value)?
-            }
+            "pinned_use_background_threads" => self.pinned_use_background_threads = parse_bool(key, value)?,
             "backend" => {
                 self.backend = match single(key, value)? {
                     "native" => AllocatorBackendKind::Native,
@@ -178,12 +170,8 @@ impl AllocatorConfig {
                 }
                 self.pinned_reserve_segment_size_mb = mb;
             }
-            "graph_capture_record_stream_reuse" => {
-                self.graph_capture_record_stream_reuse = parse_bool(key, value)?
-            }
-            "per_process_memory_fraction" => {
-                self.set_memory_fraction(parse_float(key, value)?)?
-            }
+            "graph_capture_record_stream_reuse" => self.graph_capture_record_stream_reuse = parse_bool(key, value)?,
+            "per_process_memory_fraction" => self.set_memory_fraction(parse_float(key, value)?)?,
             other => return Err(ConfigError::UnknownKey { key: other.to_owned() }),
         }
         Ok(())
@@ -528,9 +516,8 @@ fn check_pinned_threads(threads: u64) -> Result<(), ConfigError> {
 /// `roundup_power2_divisions:N` or `roundup_power2_divisions:[MB:N,...,>:N]` (spec §1.2).
 fn parse_divisions(key: &str, value: &[&str]) -> Result<RoundupDivisions, ConfigError> {
     if let [single] = value {
-        let divisions = single
-            .parse::<u64>()
-            .map_err(|_| invalid(key, single, "expected a power of two or a [MB:N,...] list"))?;
+        let divisions =
+            single.parse::<u64>().map_err(|_| invalid(key, single, "expected a power of two or a [MB:N,...] list"))?;
         if !divisions.is_power_of_two() {
             return Err(invalid(key, single, "For roundups, the divisons has to be power of 2"));
         }
@@ -548,9 +535,8 @@ fn parse_divisions(key: &str, value: &[&str]) -> Result<RoundupDivisions, Config
         let [interval, ":", divisions] = pair else {
             return Err(invalid(key, &text, "each entry must be MB:N or >:N"));
         };
-        let divisions: u64 = divisions
-            .parse()
-            .map_err(|_| invalid(key, &text, &format!("'{divisions}' is not an integer")))?;
+        let divisions: u64 =
+            divisions.parse().map_err(|_| invalid(key, &text, &format!("'{divisions}' is not an integer")))?;
         check_division(key, divisions)?;
         if *interval == ">" {
             for slot in &mut table[last_index + 1..] {
@@ -558,9 +544,8 @@ fn parse_divisions(key: &str, value: &[&str]) -> Result<RoundupDivisions, Config
             }
             continue;
         }
-        let mb: u64 = interval
-            .parse()
-            .map_err(|_| invalid(key, &text, &format!("'{interval}' is not a size in MB")))?;
+        let mb: u64 =
+            interval.parse().map_err(|_| invalid(key, &text, &format!("'{interval}' is not a size in MB")))?;
         if !mb.is_power_of_two() {
             return Err(invalid(key, &text, "For roundups, the intervals have to be power of 2"));
         }
@@ -605,8 +590,7 @@ mod tests {
     /// The AllocatorConfig test of spec §1.2.
     #[test]
     fn division_list_fills_intervals_like_pytorch() {
-        let c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]")
-            .unwrap();
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]").unwrap();
         let t = c.roundup_power2_divisions();
         assert_eq!(t[5], 8, "32 MiB");
         assert_eq!(t[6], 8, "64 MiB");
@@ -652,14 +636,8 @@ mod tests {
             let err = AllocatorConfig::parse(settings).unwrap_err();
             assert!(err.to_string().contains(key), "{settings}: {err}");
         }
-        assert!(matches!(
-            AllocatorConfig::parse("max_split_size_mb:").unwrap_err(),
-            ConfigError::MissingValue { .. }
-        ));
-        assert!(matches!(
-            AllocatorConfig::parse("max_split_size_mb 64").unwrap_err(),
-            ConfigError::Syntax { .. }
-        ));
+        assert!(matches!(AllocatorConfig::parse("max_split_size_mb:").unwrap_err(), ConfigError::MissingValue { .. }));
+        assert!(matches!(AllocatorConfig::parse("max_split_size_mb 64").unwrap_err(), ConfigError::Syntax { .. }));
     }
 
     #[test]
@@ -681,11 +659,7 @@ mod tests {
         assert!(AllocatorConfig::builder().max_split_size_mb(19).build().is_err());
         assert!(AllocatorConfig::builder().garbage_collection_threshold(0.0).build().is_err());
         assert!(AllocatorConfig::builder().roundup_power2_divisions(6).build().is_err());
-        let c = AllocatorConfig::builder()
-            .expandable_segments(true)
-            .per_process_memory_fraction(0.25)
-            .build()
-            .unwrap();
+        let c = AllocatorConfig::builder().expandable_segments(true).per_process_memory_fraction(0.25).build().unwrap();
         assert!(c.expandable_segments());
         assert_eq!(c.per_process_memory_fraction(), 0.25);
     }

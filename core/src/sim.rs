@@ -155,17 +155,13 @@ impl SimBackend {
     fn overlaps(&self, address: u64, size: u64) -> bool {
         let end = address.saturating_add(size);
         let segment = self.segments.range(..end).next_back().is_some_and(|(&b, &len)| b + len > address);
-        let reservation =
-            self.reservations.range(..end).next_back().is_some_and(|(&b, r)| b + r.size > address);
+        let reservation = self.reservations.range(..end).next_back().is_some_and(|(&b, r)| b + r.size > address);
         segment || reservation
     }
 
     fn take_address(&mut self, planned_reservation: bool, size: u64) -> u64 {
-        let planned = if planned_reservation {
-            self.planned_reservations.pop_front()
-        } else {
-            self.planned_segments.pop_front()
-        };
+        let planned =
+            if planned_reservation { self.planned_reservations.pop_front() } else { self.planned_segments.pop_front() };
         match planned {
             Some(address) if !self.overlaps(address, size) => {
                 self.next_address = self.next_address.max(address.saturating_add(size).next_multiple_of(SMALL_BUFFER));
@@ -232,7 +228,9 @@ impl Backend for SimBackend {
             .ok_or_else(|| BackendError::Device(format!("map in unknown reservation {base:#x}")))?;
         let page = reservation.page_size;
         if offset % page != 0 || size % page != 0 || offset + size > reservation.size {
-            return Err(BackendError::Device(format!("map of [{offset:#x}, +{size:#x}) is not whole pages of {base:#x}")));
+            return Err(BackendError::Device(format!(
+                "map of [{offset:#x}, +{size:#x}) is not whole pages of {base:#x}"
+            )));
         }
         if (offset..offset + size).step_by(page as usize).any(|p| reservation.mapped.contains(&p)) {
             return Err(BackendError::Device(format!("map of an already mapped page in {base:#x}")));
@@ -270,7 +268,9 @@ impl Backend for SimBackend {
                 self.reservations.remove(&base);
                 Ok(())
             }
-            Some(_) => Err(BackendError::Device(format!("release of reservation {base:#x} that still has pages or another size"))),
+            Some(_) => Err(BackendError::Device(format!(
+                "release of reservation {base:#x} that still has pages or another size"
+            ))),
             None => Err(BackendError::Device(format!("release of unknown reservation {base:#x}"))),
         }
     }

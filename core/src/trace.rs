@@ -250,10 +250,6 @@ impl TraceRecorder {
         out.extend_from_slice(&self.entries[..self.next]);
         out
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
 }
 
 #[cfg(test)]
@@ -288,10 +284,10 @@ mod tests {
     fn skipped_actions_and_disabled_recorder_record_nothing() {
         let mut r = TraceRecorder::default();
         r.record(entry(1));
-        assert_eq!(r.len(), 0);
+        assert!(r.entries().is_empty());
         r.configure(true, usize::MAX, &[TraceAction::Alloc], false);
         r.record(entry(1));
-        assert_eq!(r.len(), 0);
+        assert!(r.entries().is_empty());
     }
 
     #[test]

@@ -32,10 +32,6 @@ impl BlockTree {
         BlockTree { root: NIL, len: 0, order }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     #[inline]
     pub(crate) fn key(&self, blocks: &Blocks, id: u32) -> Key {
         let b = &blocks[id];
@@ -192,7 +188,13 @@ impl BlockTree {
 
     /// Checks the AVL shape and ordering; returns the number of members.
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
-        fn walk(t: &BlockTree, blocks: &Blocks, node: u32, lo: Option<Key>, hi: Option<Key>) -> Result<(u8, usize), String> {
+        fn walk(
+            t: &BlockTree,
+            blocks: &Blocks,
+            node: u32,
+            lo: Option<Key>,
+            hi: Option<Key>,
+        ) -> Result<(u8, usize), String> {
             if node == NIL {
                 return Ok((0, 0));
             }

@@ -171,10 +171,16 @@ impl<B: Backend> CachingAllocator<B> {
                     return Err(format!("block {id}: address {:#x}, expected {address:#x} (gap or overlap)", b.ptr));
                 }
                 if b.size == 0 || b.size % 512 != 0 {
-                    return Err(format!("block {id} at {:#x}: size {} is not a positive multiple of 512", b.ptr, b.size));
+                    return Err(format!(
+                        "block {id} at {:#x}: size {} is not a positive multiple of 512",
+                        b.ptr, b.size
+                    ));
                 }
                 if b.segment != seg_id || b.pool != segment.pool || b.stream != segment.stream {
-                    return Err(format!("block {id} at {:#x}: segment, pool or stream differs from its segment", b.ptr));
+                    return Err(format!(
+                        "block {id} at {:#x}: segment, pool or stream differs from its segment",
+                        b.ptr
+                    ));
                 }
                 if b.expandable != segment.page_size.is_some() {
                     return Err(format!("block {id} at {:#x}: expandable flag differs from its segment", b.ptr));

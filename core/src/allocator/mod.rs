@@ -303,6 +303,22 @@ impl<B: Backend> CachingAllocator<B> {
         self.current_context = context;
     }
 
+    /// Replaces the table of stacks and annotations, e.g. with the one of a snapshot being
+    /// replayed, so that its [`ContextId`]s can be used directly. Only allowed while the table is
+    /// still empty; returns whether it was replaced.
+    pub fn adopt_contexts(&mut self, table: ContextTable) -> bool {
+        if !self.contexts.stacks().is_empty() || !self.contexts.annotations().is_empty() {
+            return false;
+        }
+        self.contexts = table;
+        true
+    }
+
+    /// Sets the annotation of following trace entries by id (see [`CachingAllocator::adopt_contexts`]).
+    pub fn set_annotation_id(&mut self, annotation: Option<AnnotationId>) {
+        self.current_annotation = annotation;
+    }
+
     /// `compile_context` and `user_metadata` for following trace entries.
     pub fn set_annotation(&mut self, compile_context: &str, user_metadata: &str) {
         self.current_annotation = self.contexts.intern_annotation(compile_context, user_metadata);
@@ -437,6 +453,35 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn is_oversize(&self, size: u64) -> bool {
         size >= self.config.max_split_size_raw()
+    }
+}
+
+/// A copy of the whole state (used, for example, to try an operation without committing it).
+/// The copy keeps the handle id, so allocations of one are accepted by the other.
+impl<B: Backend + Clone> Clone for CachingAllocator<B>
+where
+    B::Event: Clone,
+{
+    fn clone(&self) -> Self {
+        CachingAllocator {
+            id: self.id,
+            backend: self.backend.clone(),
+            config: self.config.clone(),
+            blocks: self.blocks.clone(),
+            segments: self.segments.clone(),
+            small: self.small.clone(),
+            large: self.large.clone(),
+            events: self.events.clone(),
+            stats: self.stats.clone(),
+            total_allocated_memory: self.total_allocated_memory,
+            allowed_memory_maximum: self.allowed_memory_maximum,
+            recorder: self.recorder.clone(),
+            contexts: self.contexts.clone(),
+            marks: self.marks.clone(),
+            current_context: self.current_context,
+            current_annotation: self.current_annotation,
+            last_device_limit: self.last_device_limit.clone(),
+        }
     }
 }
 

@@ -1,0 +1,124 @@
+//! Random operation sequences under every configuration, with every invariant checked after
+//! every operation: blocks tile their segments, nothing overlaps or sits in two places, free
+//! neighbours are merged, and each stat equals a recount from scratch — also after errors.
+
+use cachalot_core::{AllocatorConfig, AllocatorError, Allocation, CachingAllocator, SimBackend, StreamId};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// Streams the operations use; 0 is the default stream.
+const STREAMS: [StreamId; 3] = [StreamId(0), StreamId(0x5000), StreamId(0x9000)];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Malloc { size: u64, stream: usize },
+    Free { pick: usize },
+    RecordStream { pick: usize, stream: usize },
+    HoldStream { stream: usize },
+    FinishStream { stream: usize },
+    EmptyCache,
+    ToggleExpandable,
+}
+
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        // Log-uniform from 1 B to 64 MiB.
+        (0u32..=26, any::<u64>()).prop_map(|(bits, r)| (1u64 << bits) + r % (1u64 << bits)),
+        Just(MIB),
+        Just(2 * MIB),
+        Just(20 * MIB),
+        Just(10 * MIB - 1),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        40 => (size(), 0usize..3).prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        30 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        6 => (any::<usize>(), 0usize..3).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+        4 => (0usize..3).prop_map(|stream| Op::HoldStream { stream }),
+        6 => (0usize..3).prop_map(|stream| Op::FinishStream { stream }),
+        3 => Just(Op::EmptyCache),
+        1 => Just(Op::ToggleExpandable),
+    ]
+}
+
+/// Every configuration family: defaults, oversize limits with power-of-two rounding, a bigger
+/// large-segment size, expandable segments, and a memory fraction with garbage collection.
+const CONFIGS: [(&str, Option<f64>); 6] = [
+    ("", None),
+    ("max_split_size_mb:40,roundup_power2_divisions:[1:2,4:4,>:8]", None),
+    ("large_segment_size_mb:32,max_non_split_rounding_mb:24,max_split_size_mb:32", None),
+    ("expandable_segments:True", None),
+    ("expandable_segments:True,max_split_size_mb:20,roundup_power2_divisions:4", None),
+    ("garbage_collection_threshold:0.5,max_split_size_mb:24", Some(0.75)),
+];
+
+fn run(config_index: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+    let (settings, fraction) = CONFIGS[config_index];
+    let config = AllocatorConfig::parse(settings).unwrap();
+    // A small device so that out-of-memory errors are common.
+    let mut a = CachingAllocator::new(SimBackend::new(256 * MIB), config.clone()).unwrap();
+    if let Some(f) = fraction {
+        a.set_memory_fraction(f).unwrap();
+    }
+    let mut live: Vec<Allocation> = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Malloc { size, stream } => match a.malloc(size, STREAMS[stream]) {
+                Ok(x) => {
+                    prop_assert!(x.size() >= size && x.size() % 512 == 0);
+                    live.push(x)
+                }
+                Err(AllocatorError::OutOfMemory(_)) => {}
+                Err(other) => return Err(TestCaseError::fail(format!("step {step}: {other}"))),
+            },
+            Op::Free { pick } if !live.is_empty() => {
+                let x = live.swap_remove(pick % live.len());
+                a.free(x).unwrap();
+                prop_assert!(a.free(x).is_err(), "a second free must fail");
+            }
+            Op::RecordStream { pick, stream } if !live.is_empty() => {
+                a.record_stream(&live[pick % live.len()], STREAMS[stream]).unwrap();
+            }
+            Op::HoldStream { stream } => a.backend_mut().hold_stream(STREAMS[stream]),
+            Op::FinishStream { stream } => a.backend_mut().finish_stream(STREAMS[stream]),
+            Op::EmptyCache => a.empty_cache().unwrap(),
+            Op::ToggleExpandable => {
+                let enabled = !a.config().expandable_segments();
+                a.set_config(a.config().clone().with_expandable_segments(enabled)).unwrap();
+            }
+            _ => {}
+        }
+        if let Err(violation) = a.check_consistency() {
+            return Err(TestCaseError::fail(format!("config {settings:?}, step {step} ({op:?}): {violation}")));
+        }
+        prop_assert_eq!(a.memory_reserved(), a.backend().used(), "reserved bytes equal device bytes");
+        let allocated: u64 = live.iter().map(|x| x.size()).sum();
+        prop_assert_eq!(a.memory_allocated(), allocated);
+    }
+    // Everything freed and the cache emptied: the device is empty again.
+    for x in live {
+        a.free(x).unwrap();
+    }
+    for s in STREAMS {
+        a.backend_mut().finish_stream(s);
+    }
+    a.empty_cache().unwrap();
+    a.check_consistency().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(a.memory_reserved(), 0);
+    prop_assert_eq!(a.backend().used(), 0);
+    Ok(())
+}
+
+proptest! {
+    // 4 cases x 6 configurations x 4,500 operations = 108,000 checked operations.
+    #![proptest_config(ProptestConfig { cases: 4, ..ProptestConfig::default() })]
+    #[test]
+    fn invariants_hold_after_every_operation(ops in prop::collection::vec(op(), 4_500)) {
+        for config_index in 0..CONFIGS.len() {
+            run(config_index, &ops)?;
+        }
+    }
+}
