@@ -7,6 +7,7 @@
 use crate::backend::StreamId;
 use crate::size::PoolKind;
 use crate::trace::ContextId;
+use crate::tree::TreeNode;
 
 /// "No block" / "no segment" in the `u32` links.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -48,10 +49,6 @@ pub(crate) struct Block {
     /// Bumped at every hand-out, so an old handle to a reused block is recognisably stale.
     pub generation: u32,
     pub context: Option<ContextId>,
-    // Links of the ordered set the block is in (see `tree`).
-    pub left: u32,
-    pub right: u32,
-    pub height: u8,
 }
 
 impl Block {
@@ -74,9 +71,6 @@ impl Block {
             location: Location::Detached,
             generation: 0,
             context: None,
-            left: NIL,
-            right: NIL,
-            height: 0,
         }
     }
 
@@ -172,6 +166,9 @@ pub(crate) struct Blocks {
     slab: Slab<Block>,
     /// Generation of every slot ever used, surviving vacancy.
     generations: Vec<u32>,
+    /// Ordered-set links and keys, parallel to the slab. Kept apart from the blocks so that a
+    /// tree walk touches one small node per level instead of a whole block.
+    pub nodes: Vec<TreeNode>,
 }
 
 impl Blocks {
@@ -179,6 +176,7 @@ impl Blocks {
         let slot = self.slab.next_index() as usize;
         if slot == self.generations.len() {
             self.generations.push(0);
+            self.nodes.push(TreeNode::default());
         }
         block.generation = self.generations[slot];
         self.slab.insert(block)

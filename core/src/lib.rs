@@ -31,6 +31,7 @@ pub mod error;
 mod shared;
 pub mod sim;
 pub mod size;
+pub mod ops;
 pub mod replay;
 pub mod snapshot;
 pub mod stats;

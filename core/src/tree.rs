@@ -1,326 +1,644 @@
-//! The ordered sets of free blocks (PyTorch's `std::set<Block*>` with its comparators), as an
-//! AVL tree whose links live inside the blocks themselves.
+//! The ordered sets of blocks (PyTorch's `std::set<Block*>` with its comparators), without heap
+//! allocation and with short walks.
 //!
-//! Why not `BTreeSet`: inserting and removing in a `BTreeSet` allocates and frees nodes, and the
-//! cache-hit path must not touch the heap. With the links in the block slab, insert, remove,
-//! lower bound, successor and predecessor are O(log n) and allocation-free. A block is in at
-//! most one set at a time (a pool's free set or its unmapped set), so one set of links suffices.
+//! Why not `BTreeSet`: inserting and removing allocates and frees nodes, and the cache-hit path
+//! must not touch the heap. Here the links live in a dense array parallel to the block slab (a
+//! block is in at most one set at a time, so one set of links suffices), and two structures are
+//! built on AVL trees over those links:
+//!
+//! - [`BlockTree`]: one tree, for the unmapped VA of expandable segments (ordered by stream and
+//!   address; rarely touched).
+//! - [`FreeIndex`]: the best-fit set of free blocks, ordered exactly like PyTorch 2.11's
+//!   `(stream, size, address)`. Per stream it splits sizes into 3,200 classes (64 per power of
+//!   two, like TLSF) with a two-level bitmap of the non-empty ones, and keeps one small AVL tree
+//!   per class. Best fit is then a bit scan plus a walk in a tree that rarely holds more than a
+//!   few blocks, instead of a walk through every free block of the pool; the order, and so every
+//!   tie-break, is the same as one big tree's.
 
+use crate::backend::StreamId;
 use crate::block::{Blocks, NIL};
 
-/// The comparator a set orders its blocks by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Order {
-    /// `BlockComparatorSize` of PyTorch 2.11: (stream, size, address).
-    StreamSizeAddress,
-    /// `BlockComparatorAddress`: (stream, address).
-    StreamAddress,
-}
-
-/// A key in either order, compared lexicographically.
+/// A key, compared lexicographically: (stream, size, address) or (stream, address, 0).
 pub(crate) type Key = (u64, u64, u64);
 
+/// A block's place in the set it is in: its key (copied at insertion; a block's key never
+/// changes while it is in a set) and its links.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TreeNode {
+    key: Key,
+    left: u32,
+    right: u32,
+    height: u8,
+}
+
+impl Default for TreeNode {
+    fn default() -> Self {
+        TreeNode { key: (0, 0, 0), left: NIL, right: NIL, height: 0 }
+    }
+}
+
+/// A set of blocks ordered by (stream, address): one AVL tree.
 #[derive(Clone, Debug)]
 pub(crate) struct BlockTree {
     root: u32,
     len: usize,
-    order: Order,
 }
 
 impl BlockTree {
-    pub(crate) fn new(order: Order) -> Self {
-        BlockTree { root: NIL, len: 0, order }
-    }
-
-    #[inline]
-    pub(crate) fn key(&self, blocks: &Blocks, id: u32) -> Key {
-        let b = &blocks[id];
-        match self.order {
-            Order::StreamSizeAddress => (b.stream.0, b.size, b.ptr),
-            Order::StreamAddress => (b.stream.0, b.ptr, 0),
-        }
+    pub(crate) fn new() -> Self {
+        BlockTree { root: NIL, len: 0 }
     }
 
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
-        let b = &mut blocks[id];
-        b.left = NIL;
-        b.right = NIL;
-        b.height = 1;
-        let key = self.key(blocks, id);
-        self.root = self.insert_below(blocks, self.root, id, key);
+        let b = &blocks[id];
+        let key = (b.stream.0, b.ptr, 0);
+        self.root = avl::insert(&mut blocks.nodes, self.root, id, key);
         self.len += 1;
     }
 
-    fn insert_below(&self, blocks: &mut Blocks, node: u32, id: u32, key: Key) -> u32 {
-        if node == NIL {
-            return id;
-        }
-        if key < self.key(blocks, node) {
-            let left = self.insert_below(blocks, blocks[node].left, id, key);
-            blocks[node].left = left;
-        } else {
-            let right = self.insert_below(blocks, blocks[node].right, id, key);
-            blocks[node].right = right;
-        }
-        rebalance(blocks, node)
-    }
-
-    /// Removes `id`, which must be in this set with its key unchanged since insertion.
     pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
-        let key = self.key(blocks, id);
-        let mut found = false;
-        self.root = self.remove_below(blocks, self.root, key, &mut found);
+        let key = blocks.nodes[id as usize].key;
+        let (root, found) = avl::remove(&mut blocks.nodes, self.root, key);
         debug_assert!(found, "block {id} not in its set");
-        if found {
-            self.len -= 1;
-        }
+        self.root = root;
+        self.len -= usize::from(found);
     }
 
-    fn remove_below(&self, blocks: &mut Blocks, node: u32, key: Key, found: &mut bool) -> u32 {
-        if node == NIL {
-            return NIL;
-        }
-        let here = self.key(blocks, node);
-        if key < here {
-            let left = self.remove_below(blocks, blocks[node].left, key, found);
-            blocks[node].left = left;
-        } else if key > here {
-            let right = self.remove_below(blocks, blocks[node].right, key, found);
-            blocks[node].right = right;
-        } else {
-            *found = true;
-            let (left, right) = (blocks[node].left, blocks[node].right);
-            if left == NIL {
-                return right;
-            }
-            if right == NIL {
-                return left;
-            }
-            let (rest, min) = remove_min(blocks, right);
-            blocks[min].left = left;
-            blocks[min].right = rest;
-            return rebalance(blocks, min);
-        }
-        rebalance(blocks, node)
+    /// The first block of `stream` (lowest address).
+    pub(crate) fn first_of_stream(&self, blocks: &Blocks, stream: StreamId) -> Option<u32> {
+        avl::lower_bound(&blocks.nodes, self.root, (stream.0, 0, 0)).filter(|&id| blocks[id].stream == stream)
     }
 
-    /// The first block whose key is `>= key`.
-    #[inline]
-    pub(crate) fn lower_bound(&self, blocks: &Blocks, key: Key) -> Option<u32> {
-        let mut node = self.root;
-        let mut best = NIL;
-        while node != NIL {
-            if self.key(blocks, node) >= key {
-                best = node;
-                node = blocks[node].left;
-            } else {
-                node = blocks[node].right;
-            }
-        }
-        (best != NIL).then_some(best)
-    }
-
-    /// The block after `id` in set order.
+    /// The block after `id`.
     pub(crate) fn successor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        let key = self.key(blocks, id);
-        let mut node = self.root;
-        let mut best = NIL;
-        while node != NIL {
-            if self.key(blocks, node) > key {
-                best = node;
-                node = blocks[node].left;
-            } else {
-                node = blocks[node].right;
-            }
-        }
-        (best != NIL).then_some(best)
+        avl::after(&blocks.nodes, self.root, blocks.nodes[id as usize].key)
     }
 
-    /// The last block whose key is `< key`.
-    pub(crate) fn before(&self, blocks: &Blocks, key: Key) -> Option<u32> {
-        let mut node = self.root;
-        let mut best = NIL;
-        while node != NIL {
-            if self.key(blocks, node) < key {
-                best = node;
-                node = blocks[node].right;
-            } else {
-                node = blocks[node].left;
-            }
-        }
-        (best != NIL).then_some(best)
-    }
-
-    /// The block before `id` in set order.
-    pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        self.before(blocks, self.key(blocks, id))
-    }
-
-    /// The greatest block.
-    pub(crate) fn last(&self, blocks: &Blocks) -> Option<u32> {
-        let mut node = self.root;
-        if node == NIL {
-            return None;
-        }
-        while blocks[node].right != NIL {
-            node = blocks[node].right;
-        }
-        Some(node)
-    }
-
-    /// All blocks in set order (for the rare walks over a whole pool).
-    pub(crate) fn to_vec(&self, blocks: &Blocks) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.len);
-        let mut stack = Vec::new();
-        let mut node = self.root;
-        while node != NIL || !stack.is_empty() {
-            while node != NIL {
-                stack.push(node);
-                node = blocks[node].left;
-            }
-            if let Some(top) = stack.pop() {
-                out.push(top);
-                node = blocks[top].right;
-            }
-        }
-        out
-    }
-
-    /// Checks the AVL shape and ordering; returns the number of members.
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
-        fn walk(
-            t: &BlockTree,
-            blocks: &Blocks,
-            node: u32,
-            lo: Option<Key>,
-            hi: Option<Key>,
-        ) -> Result<(u8, usize), String> {
-            if node == NIL {
-                return Ok((0, 0));
-            }
-            let key = t.key(blocks, node);
-            if lo.is_some_and(|lo| key <= lo) || hi.is_some_and(|hi| key >= hi) {
-                return Err(format!("block {node} out of order in its set"));
-            }
-            let (lh, ln) = walk(t, blocks, blocks[node].left, lo, Some(key))?;
-            let (rh, rn) = walk(t, blocks, blocks[node].right, Some(key), hi)?;
-            if lh.abs_diff(rh) > 1 || blocks[node].height != lh.max(rh) + 1 {
-                return Err(format!("set node {node} unbalanced"));
-            }
-            Ok((lh.max(rh) + 1, ln + rn + 1))
-        }
-        let (_, n) = walk(self, blocks, self.root, None, None)?;
+        let n = avl::check(blocks, self.root, None, None, &|b| (b.stream.0, b.ptr, 0))?.1;
         if n != self.len {
-            return Err(format!("set holds {n} blocks but counts {}", self.len));
+            return Err(format!("address set holds {n} blocks but counts {}", self.len));
         }
         Ok(n)
     }
 }
 
+/// Bits of the sub-class index within a power of two.
+const SUB_BITS: u32 = 6;
+/// Sizes below this get one class per 512 bytes (the classes 0..64).
+const LINEAR_LIMIT: u64 = 1 << (SUB_BITS + 9);
+/// Number of size classes: 64 linear ones, then 64 per power of two from 2^15 to 2^63.
+const CLASSES: usize = 50 * 64;
+const GROUPS: usize = CLASSES / 64;
+
+/// The size class of `size`; monotonic in `size`.
 #[inline]
-fn height(blocks: &Blocks, node: u32) -> u8 {
-    if node == NIL { 0 } else { blocks[node].height }
+fn size_class(size: u64) -> usize {
+    if size < LINEAR_LIMIT {
+        (size >> 9) as usize
+    } else {
+        let log = 63 - size.leading_zeros();
+        ((log - 14) as usize) * 64 + ((size >> (log - SUB_BITS)) & 63) as usize
+    }
 }
 
-#[inline]
-fn update(blocks: &mut Blocks, node: u32) {
-    let h = height(blocks, blocks[node].left).max(height(blocks, blocks[node].right)) + 1;
-    blocks[node].height = h;
+/// One stream's classes: a tree root per class and bitmaps of the non-empty classes.
+#[derive(Clone, Debug)]
+struct StreamClasses {
+    stream: StreamId,
+    roots: Box<[u32]>,
+    /// Bit `g` set when `bits[g]` is non-zero.
+    groups: u64,
+    /// Bit `c % 64` of `bits[c / 64]` set when class `c` is non-empty.
+    bits: [u64; GROUPS],
 }
 
-fn rotate_right(blocks: &mut Blocks, node: u32) -> u32 {
-    let left = blocks[node].left;
-    blocks[node].left = blocks[left].right;
-    blocks[left].right = node;
-    update(blocks, node);
-    update(blocks, left);
-    left
-}
+impl StreamClasses {
+    fn new(stream: StreamId) -> Self {
+        StreamClasses { stream, roots: vec![NIL; CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
+    }
 
-fn rotate_left(blocks: &mut Blocks, node: u32) -> u32 {
-    let right = blocks[node].right;
-    blocks[node].right = blocks[right].left;
-    blocks[right].left = node;
-    update(blocks, node);
-    update(blocks, right);
-    right
-}
-
-fn rebalance(blocks: &mut Blocks, node: u32) -> u32 {
-    update(blocks, node);
-    let (left, right) = (blocks[node].left, blocks[node].right);
-    let balance = i16::from(height(blocks, left)) - i16::from(height(blocks, right));
-    if balance > 1 {
-        if height(blocks, blocks[left].left) < height(blocks, blocks[left].right) {
-            blocks[node].left = rotate_left(blocks, left);
+    fn set_root(&mut self, class: usize, root: u32) {
+        self.roots[class] = root;
+        let (g, bit) = (class / 64, 1u64 << (class % 64));
+        if root == NIL {
+            self.bits[g] &= !bit;
+            if self.bits[g] == 0 {
+                self.groups &= !(1 << g);
+            }
+        } else {
+            self.bits[g] |= bit;
+            self.groups |= 1 << g;
         }
-        return rotate_right(blocks, node);
     }
-    if balance < -1 {
-        if height(blocks, blocks[right].right) < height(blocks, blocks[right].left) {
-            blocks[node].right = rotate_right(blocks, right);
+
+    /// The first non-empty class `>= class`.
+    #[inline]
+    fn first_from(&self, class: usize) -> Option<usize> {
+        if class >= CLASSES {
+            return None;
         }
-        return rotate_left(blocks, node);
+        let g = class / 64;
+        let word = self.bits[g] & (!0u64 << (class % 64));
+        if word != 0 {
+            return Some(g * 64 + word.trailing_zeros() as usize);
+        }
+        let later = if g + 1 >= 64 { 0 } else { self.groups & (!0u64 << (g + 1)) };
+        if later == 0 {
+            return None;
+        }
+        let g = later.trailing_zeros() as usize;
+        Some(g * 64 + self.bits[g].trailing_zeros() as usize)
     }
-    node
+
+    /// The last non-empty class `< class`.
+    fn last_before(&self, class: usize) -> Option<usize> {
+        let g = class / 64;
+        let word = self.bits[g] & ((1u64 << (class % 64)) - 1);
+        if word != 0 {
+            return Some(g * 64 + 63 - word.leading_zeros() as usize);
+        }
+        let earlier = self.groups & ((1u64 << g) - 1);
+        if earlier == 0 {
+            return None;
+        }
+        let g = 63 - earlier.leading_zeros() as usize;
+        Some(g * 64 + 63 - self.bits[g].leading_zeros() as usize)
+    }
 }
 
-/// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum).
-fn remove_min(blocks: &mut Blocks, node: u32) -> (u32, u32) {
-    let left = blocks[node].left;
-    if left == NIL {
-        return (blocks[node].right, node);
+/// The best-fit set of one pool's free blocks, ordered by (stream, size, address).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FreeIndex {
+    /// Sorted by stream. Entries stay once created, so later inserts on a stream allocate
+    /// nothing.
+    streams: Vec<StreamClasses>,
+    len: usize,
+}
+
+impl FreeIndex {
+    #[inline]
+    fn stream(&self, stream: StreamId) -> Option<&StreamClasses> {
+        self.streams.iter().find(|s| s.stream == stream)
     }
-    let (rest, min) = remove_min(blocks, left);
-    blocks[node].left = rest;
-    (rebalance(blocks, node), min)
+
+    pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
+        let b = &blocks[id];
+        let key = (b.stream.0, b.size, b.ptr);
+        let stream = b.stream;
+        let index = match self.streams.iter().position(|s| s.stream == stream) {
+            Some(i) => i,
+            None => {
+                let at = self.streams.partition_point(|s| s.stream < stream);
+                self.streams.insert(at, StreamClasses::new(stream));
+                at
+            }
+        };
+        let classes = &mut self.streams[index];
+        let class = size_class(key.1);
+        let root = avl::insert(&mut blocks.nodes, classes.roots[class], id, key);
+        classes.set_root(class, root);
+        self.len += 1;
+    }
+
+    pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
+        let key = blocks.nodes[id as usize].key;
+        let Some(classes) = self.streams.iter_mut().find(|s| s.stream.0 == key.0) else {
+            debug_assert!(false, "block {id} not in its set");
+            return;
+        };
+        let class = size_class(key.1);
+        let (root, found) = avl::remove(&mut blocks.nodes, classes.roots[class], key);
+        debug_assert!(found, "block {id} not in its set");
+        classes.set_root(class, root);
+        self.len -= usize::from(found);
+    }
+
+    /// The smallest block of `stream` with at least `size` bytes (lowest address among equals):
+    /// PyTorch's `lower_bound((stream, size))` restricted to the stream.
+    #[inline]
+    pub(crate) fn lower_bound(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
+        let classes = self.stream(stream)?;
+        let class = size_class(size);
+        let root = classes.roots[class];
+        if root != NIL {
+            if let Some(id) = avl::lower_bound(&blocks.nodes, root, (stream.0, size, 0)) {
+                return Some(id);
+            }
+        }
+        classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c]))
+    }
+
+    /// The next block of the same stream.
+    pub(crate) fn successor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
+        let key = blocks.nodes[id as usize].key;
+        let classes = self.stream(StreamId(key.0))?;
+        let class = size_class(key.1);
+        avl::after(&blocks.nodes, classes.roots[class], key)
+            .or_else(|| classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c])))
+    }
+
+    /// The previous block of the same stream.
+    pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
+        let key = blocks.nodes[id as usize].key;
+        self.last_below_key(blocks, key)
+    }
+
+    /// The largest block of `stream` smaller than `size` bytes.
+    pub(crate) fn last_below(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
+        self.last_below_key(blocks, (stream.0, size, 0))
+    }
+
+    fn last_below_key(&self, blocks: &Blocks, key: Key) -> Option<u32> {
+        let classes = self.stream(StreamId(key.0))?;
+        let class = size_class(key.1);
+        avl::before(&blocks.nodes, classes.roots[class], key)
+            .or_else(|| classes.last_before(class).and_then(|c| avl::last(&blocks.nodes, classes.roots[c])))
+    }
+
+    /// All blocks in set order.
+    pub(crate) fn to_vec(&self, blocks: &Blocks) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.len);
+        for classes in &self.streams {
+            let mut class = classes.first_from(0);
+            while let Some(c) = class {
+                avl::in_order(&blocks.nodes, classes.roots[c], &mut out);
+                class = classes.first_from(c + 1);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
+        let mut total = 0;
+        for (i, classes) in self.streams.iter().enumerate() {
+            if i > 0 && self.streams[i - 1].stream >= classes.stream {
+                return Err("free index streams out of order".into());
+            }
+            // Only the classes the bitmap marks are visited: a non-empty tree the bitmap misses
+            // leaves its members uncounted, which the total below catches.
+            let mut class = classes.first_from(0);
+            while let Some(c) = class {
+                let root = classes.roots[c];
+                if root == NIL {
+                    return Err(format!("size class {c} is marked but empty"));
+                }
+                let n = avl::check(blocks, root, None, None, &|b| (b.stream.0, b.size, b.ptr))?.1;
+                let mut members = Vec::new();
+                avl::in_order(&blocks.nodes, root, &mut members);
+                for id in members {
+                    let b = &blocks[id];
+                    if b.stream != classes.stream || size_class(b.size) != c {
+                        return Err(format!("block {id} sits in the wrong stream or size class"));
+                    }
+                }
+                total += n;
+                class = classes.first_from(c + 1);
+            }
+            for g in 0..GROUPS {
+                if (classes.groups >> g & 1 == 1) != (classes.bits[g] != 0) {
+                    return Err(format!("size class group {g} bitmap disagrees"));
+                }
+            }
+        }
+        if total != self.len {
+            return Err(format!("free index holds {total} blocks but counts {}", self.len));
+        }
+        Ok(total)
+    }
+}
+
+/// AVL trees over the shared node array, each identified by its root.
+mod avl {
+    use super::{Key, TreeNode};
+    use crate::block::{Block, Blocks, NIL};
+
+    pub(super) fn insert(nodes: &mut [TreeNode], root: u32, id: u32, key: Key) -> u32 {
+        nodes[id as usize] = TreeNode { key, left: NIL, right: NIL, height: 1 };
+        insert_below(nodes, root, id, key)
+    }
+
+    fn insert_below(nodes: &mut [TreeNode], node: u32, id: u32, key: Key) -> u32 {
+        if node == NIL {
+            return id;
+        }
+        if key < nodes[node as usize].key {
+            let left = insert_below(nodes, nodes[node as usize].left, id, key);
+            nodes[node as usize].left = left;
+        } else {
+            let right = insert_below(nodes, nodes[node as usize].right, id, key);
+            nodes[node as usize].right = right;
+        }
+        rebalance(nodes, node)
+    }
+
+    /// Removes the member with `key`; returns the new root and whether it was found.
+    pub(super) fn remove(nodes: &mut [TreeNode], root: u32, key: Key) -> (u32, bool) {
+        let mut found = false;
+        let root = remove_below(nodes, root, key, &mut found);
+        (root, found)
+    }
+
+    fn remove_below(nodes: &mut [TreeNode], node: u32, key: Key, found: &mut bool) -> u32 {
+        if node == NIL {
+            return NIL;
+        }
+        let here = nodes[node as usize];
+        if key < here.key {
+            let left = remove_below(nodes, here.left, key, found);
+            nodes[node as usize].left = left;
+        } else if key > here.key {
+            let right = remove_below(nodes, here.right, key, found);
+            nodes[node as usize].right = right;
+        } else {
+            *found = true;
+            if here.left == NIL {
+                return here.right;
+            }
+            if here.right == NIL {
+                return here.left;
+            }
+            let (rest, min) = remove_min(nodes, here.right);
+            nodes[min as usize].left = here.left;
+            nodes[min as usize].right = rest;
+            return rebalance(nodes, min);
+        }
+        rebalance(nodes, node)
+    }
+
+    /// The first member with a key `>= key`.
+    #[inline]
+    pub(super) fn lower_bound(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+        let mut node = root;
+        let mut best = NIL;
+        while node != NIL {
+            let n = &nodes[node as usize];
+            if n.key >= key {
+                best = node;
+                node = n.left;
+            } else {
+                node = n.right;
+            }
+        }
+        (best != NIL).then_some(best)
+    }
+
+    /// The first member with a key `> key`.
+    pub(super) fn after(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+        let mut node = root;
+        let mut best = NIL;
+        while node != NIL {
+            let n = &nodes[node as usize];
+            if n.key > key {
+                best = node;
+                node = n.left;
+            } else {
+                node = n.right;
+            }
+        }
+        (best != NIL).then_some(best)
+    }
+
+    /// The last member with a key `< key`.
+    pub(super) fn before(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+        let mut node = root;
+        let mut best = NIL;
+        while node != NIL {
+            let n = &nodes[node as usize];
+            if n.key < key {
+                best = node;
+                node = n.right;
+            } else {
+                node = n.left;
+            }
+        }
+        (best != NIL).then_some(best)
+    }
+
+    pub(super) fn first(nodes: &[TreeNode], mut node: u32) -> Option<u32> {
+        if node == NIL {
+            return None;
+        }
+        while nodes[node as usize].left != NIL {
+            node = nodes[node as usize].left;
+        }
+        Some(node)
+    }
+
+    pub(super) fn last(nodes: &[TreeNode], mut node: u32) -> Option<u32> {
+        if node == NIL {
+            return None;
+        }
+        while nodes[node as usize].right != NIL {
+            node = nodes[node as usize].right;
+        }
+        Some(node)
+    }
+
+    pub(super) fn in_order(nodes: &[TreeNode], root: u32, out: &mut Vec<u32>) {
+        let mut stack = Vec::new();
+        let mut node = root;
+        while node != NIL || !stack.is_empty() {
+            while node != NIL {
+                stack.push(node);
+                node = nodes[node as usize].left;
+            }
+            if let Some(top) = stack.pop() {
+                out.push(top);
+                node = nodes[top as usize].right;
+            }
+        }
+    }
+
+    /// Checks shape, balance, ordering and that stored keys are the blocks' current keys;
+    /// returns (height, members).
+    pub(super) fn check(
+        blocks: &Blocks,
+        node: u32,
+        lo: Option<Key>,
+        hi: Option<Key>,
+        key_of: &dyn Fn(&Block) -> Key,
+    ) -> Result<(u8, usize), String> {
+        if node == NIL {
+            return Ok((0, 0));
+        }
+        let n = blocks.nodes[node as usize];
+        if n.key != key_of(&blocks[node]) {
+            return Err(format!("block {node} changed its key while in a set"));
+        }
+        if lo.is_some_and(|lo| n.key <= lo) || hi.is_some_and(|hi| n.key >= hi) {
+            return Err(format!("block {node} out of order in its set"));
+        }
+        let (lh, ln) = check(blocks, n.left, lo, Some(n.key), key_of)?;
+        let (rh, rn) = check(blocks, n.right, Some(n.key), hi, key_of)?;
+        if lh.abs_diff(rh) > 1 || n.height != lh.max(rh) + 1 {
+            return Err(format!("set node {node} unbalanced"));
+        }
+        Ok((lh.max(rh) + 1, ln + rn + 1))
+    }
+
+    #[inline]
+    fn height(nodes: &[TreeNode], node: u32) -> u8 {
+        if node == NIL { 0 } else { nodes[node as usize].height }
+    }
+
+    #[inline]
+    fn update(nodes: &mut [TreeNode], node: u32) {
+        let n = nodes[node as usize];
+        nodes[node as usize].height = height(nodes, n.left).max(height(nodes, n.right)) + 1;
+    }
+
+    fn rotate_right(nodes: &mut [TreeNode], node: u32) -> u32 {
+        let left = nodes[node as usize].left;
+        nodes[node as usize].left = nodes[left as usize].right;
+        nodes[left as usize].right = node;
+        update(nodes, node);
+        update(nodes, left);
+        left
+    }
+
+    fn rotate_left(nodes: &mut [TreeNode], node: u32) -> u32 {
+        let right = nodes[node as usize].right;
+        nodes[node as usize].right = nodes[right as usize].left;
+        nodes[right as usize].left = node;
+        update(nodes, node);
+        update(nodes, right);
+        right
+    }
+
+    fn rebalance(nodes: &mut [TreeNode], node: u32) -> u32 {
+        update(nodes, node);
+        let n = nodes[node as usize];
+        let balance = i16::from(height(nodes, n.left)) - i16::from(height(nodes, n.right));
+        if balance > 1 {
+            let l = nodes[n.left as usize];
+            if height(nodes, l.left) < height(nodes, l.right) {
+                nodes[node as usize].left = rotate_left(nodes, n.left);
+            }
+            return rotate_right(nodes, node);
+        }
+        if balance < -1 {
+            let r = nodes[n.right as usize];
+            if height(nodes, r.right) < height(nodes, r.left) {
+                nodes[node as usize].right = rotate_right(nodes, n.right);
+            }
+            return rotate_left(nodes, node);
+        }
+        node
+    }
+
+    /// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum).
+    fn remove_min(nodes: &mut [TreeNode], node: u32) -> (u32, u32) {
+        let left = nodes[node as usize].left;
+        if left == NIL {
+            return (nodes[node as usize].right, node);
+        }
+        let (rest, min) = remove_min(nodes, left);
+        nodes[node as usize].left = rest;
+        (rebalance(nodes, node), min)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::StreamId;
     use crate::block::Block;
     use crate::size::PoolKind;
+    use std::collections::BTreeSet;
 
     fn add(blocks: &mut Blocks, stream: u64, size: u64, ptr: u64) -> u32 {
         blocks.insert(Block::new(ptr, size, StreamId(stream), PoolKind::Large, NIL))
     }
 
     #[test]
-    fn behaves_like_an_ordered_set() {
+    fn size_classes_are_monotonic_and_in_range() {
+        let mut last = 0;
+        let mut size = 512;
+        while size < u64::MAX / 3 {
+            for s in [size, size + 512, size * 3 / 2] {
+                let c = size_class(s);
+                assert!(c < CLASSES);
+                assert!(c >= last || s < size, "{s}");
+            }
+            last = size_class(size);
+            size *= 2;
+        }
+        assert_eq!(size_class(512), 1);
+        assert_eq!(size_class(LINEAR_LIMIT - 512), 63);
+        assert_eq!(size_class(LINEAR_LIMIT), 64);
+        assert_eq!(size_class(u64::MAX), CLASSES - 1);
+    }
+
+    /// The free index against a `BTreeSet` of PyTorch's keys, under random inserts and removals.
+    #[test]
+    fn free_index_orders_like_pytorch_set() {
         let mut blocks = Blocks::default();
-        let mut tree = BlockTree::new(Order::StreamSizeAddress);
-        let mut reference = std::collections::BTreeSet::new();
+        let mut index = FreeIndex::default();
+        let mut reference = BTreeSet::new();
         let mut ids = Vec::new();
-        // A deterministic pseudo-random sequence of inserts and removals.
         let mut x: u64 = 12345;
-        for step in 0..4000u64 {
+        let key = |blocks: &Blocks, id: u32| (blocks[id].stream.0, blocks[id].size, blocks[id].ptr);
+        for step in 0..6000u64 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             if ids.is_empty() || x % 3 != 0 {
-                let id = add(&mut blocks, x % 3, (x >> 8) % 64 * 512, step * 4096);
-                tree.insert(&mut blocks, id);
-                reference.insert((tree.key(&blocks, id), id));
+                // Sizes across many classes, with many exact repeats.
+                let size = if x % 5 == 0 { 1 << 20 } else { 512 << ((x >> 8) % 24) } + (x >> 40) % 4 * 512;
+                let id = add(&mut blocks, (x >> 4) % 3 * 0x1000, size, step * 4096);
+                index.insert(&mut blocks, id);
+                reference.insert((key(&blocks, id), id));
                 ids.push(id);
             } else {
                 let id = ids.swap_remove((x >> 20) as usize % ids.len());
-                reference.remove(&(tree.key(&blocks, id), id));
-                tree.remove(&mut blocks, id);
+                reference.remove(&(key(&blocks, id), id));
+                index.remove(&mut blocks, id);
                 blocks.remove(id);
             }
-            if step % 97 == 0 {
-                tree.check(&blocks).unwrap();
+            if step % 101 == 0 {
+                index.check(&blocks).unwrap();
                 let ordered: Vec<u32> = reference.iter().map(|&(_, id)| id).collect();
-                assert_eq!(tree.to_vec(&blocks), ordered);
-                let probe = (x % 3, (x >> 12) % 64 * 512, 0);
-                let expected = reference.range((probe, 0)..).next().map(|&(_, id)| id);
-                assert_eq!(tree.lower_bound(&blocks, probe), expected);
-                for w in ordered.windows(2) {
-                    assert_eq!(tree.successor(&blocks, w[0]), Some(w[1]));
-                    assert_eq!(tree.predecessor(&blocks, w[1]), Some(w[0]));
+                assert_eq!(index.to_vec(&blocks), ordered);
+                for stream in [0, 0x1000, 0x2000] {
+                    let probe = 512 << ((x >> 12) % 26);
+                    let expected = reference
+                        .range(((stream, probe, 0), 0)..)
+                        .next()
+                        .filter(|((s, _, _), _)| *s == stream)
+                        .map(|&(_, id)| id);
+                    assert_eq!(index.lower_bound(&blocks, StreamId(stream), probe), expected);
+                    let below = reference
+                        .range(..((stream, probe, 0), 0))
+                        .next_back()
+                        .filter(|((s, _, _), _)| *s == stream)
+                        .map(|&(_, id)| id);
+                    assert_eq!(index.last_below(&blocks, StreamId(stream), probe), below);
                 }
-                assert_eq!(tree.last(&blocks), ordered.last().copied());
+                for w in ordered.windows(2) {
+                    let same_stream = blocks[w[0]].stream == blocks[w[1]].stream;
+                    assert_eq!(index.successor(&blocks, w[0]), same_stream.then_some(w[1]));
+                    assert_eq!(index.predecessor(&blocks, w[1]), same_stream.then_some(w[0]));
+                }
             }
         }
+    }
+
+    #[test]
+    fn address_tree_orders_by_stream_and_address() {
+        let mut blocks = Blocks::default();
+        let mut tree = BlockTree::new();
+        let ids: Vec<u32> = [(1, 300), (0, 200), (1, 100), (0, 400)]
+            .into_iter()
+            .map(|(s, p)| {
+                let id = add(&mut blocks, s, 512, p);
+                tree.insert(&mut blocks, id);
+                id
+            })
+            .collect();
+        tree.check(&blocks).unwrap();
+        assert_eq!(tree.first_of_stream(&blocks, StreamId(1)), Some(ids[2]));
+        assert_eq!(tree.successor(&blocks, ids[2]), Some(ids[0]));
+        assert_eq!(tree.first_of_stream(&blocks, StreamId(0)), Some(ids[1]));
+        tree.remove(&mut blocks, ids[1]);
+        assert_eq!(tree.first_of_stream(&blocks, StreamId(0)), Some(ids[3]));
+        assert_eq!(tree.first_of_stream(&blocks, StreamId(2)), None);
     }
 }

@@ -41,7 +41,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// where free and unmapped blocks together offer `size` bytes; a new segment otherwise.
     fn find_expandable_block(&mut self, stream: StreamId, pool: PoolKind, size: u64) -> Result<u32, AllocatorError> {
         let tree = &self.pool(pool).unmapped;
-        let mut cursor = tree.lower_bound(&self.blocks, (stream.0, 0, 0));
+        let mut cursor = tree.first_of_stream(&self.blocks, stream);
         while let Some(unmapped) = cursor {
             if self.blocks[unmapped].stream != stream {
                 break;

@@ -86,7 +86,7 @@ impl<B: Backend> CachingAllocator<B> {
             pool.free_blocks_call_count += 1;
         }
         let stream = request.stream;
-        let mut it = pool.free.lower_bound(&self.blocks, (stream.0, request.size, 0))?;
+        let mut it = pool.free.lower_bound(&self.blocks, stream, request.size)?;
         if self.blocks[it].stream != stream {
             return None;
         }

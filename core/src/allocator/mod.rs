@@ -22,7 +22,7 @@ use crate::error::{AllocatorError, HandleError};
 use crate::size::PoolKind;
 use crate::stats::MemoryStats;
 use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
-use crate::tree::{BlockTree, Order};
+use crate::tree::{BlockTree, FreeIndex};
 
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 
@@ -73,7 +73,7 @@ impl Allocation {
 /// garbage collector's clock.
 #[derive(Clone, Debug)]
 pub(crate) struct BlockPool {
-    pub free: BlockTree,
+    pub free: FreeIndex,
     pub unmapped: BlockTree,
     pub free_blocks_call_count: i64,
 }
@@ -81,8 +81,8 @@ pub(crate) struct BlockPool {
 impl BlockPool {
     fn new() -> Self {
         BlockPool {
-            free: BlockTree::new(Order::StreamSizeAddress),
-            unmapped: BlockTree::new(Order::StreamAddress),
+            free: FreeIndex::default(),
+            unmapped: BlockTree::new(),
             free_blocks_call_count: 0,
         }
     }

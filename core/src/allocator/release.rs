@@ -78,11 +78,14 @@ impl<B: Backend> CachingAllocator<B> {
         let stream = request.stream;
         let key_size = request.size.max(max_split);
         let tree = &self.pool(request.pool).free;
-        let found = tree.lower_bound(&self.blocks, (stream.0, key_size, 0));
+        let found = tree.lower_bound(&self.blocks, stream, key_size);
         match found {
             // Expandable blocks are never released here: PyTorch 2.11 would try to cudaFree
-            // them (pytorch#123548); newer releases skip them, and so do we.
-            Some(id) if self.blocks[id].stream == stream && !self.blocks[id].expandable => {
+            // them (pytorch#123548); newer releases skip them, and so do we. Nor are split
+            // blocks, which exist among oversize ones only after expandable segments were
+            // switched on at run time (their `>= 512` split rule then applies to every block);
+            // PyTorch would cudaFree part of a live segment there.
+            Some(id) if self.blocks[id].stream == stream && self.is_whole_segment(id) => {
                 self.release_block(id)?;
                 Ok(true)
             }
@@ -90,7 +93,7 @@ impl<B: Backend> CachingAllocator<B> {
                 // No single block is large enough: free oversize blocks from the largest down.
                 let mut cursor = match found {
                     Some(id) => tree.predecessor(&self.blocks, id),
-                    None => tree.last(&self.blocks),
+                    None => tree.last_below(&self.blocks, stream, key_size),
                 };
                 let mut released = 0u64;
                 while let Some(id) = cursor {
@@ -99,7 +102,7 @@ impl<B: Backend> CachingAllocator<B> {
                         break;
                     }
                     cursor = self.pool(request.pool).free.predecessor(&self.blocks, id);
-                    if !b.expandable {
+                    if self.is_whole_segment(id) {
                         released += b.size;
                         self.release_block(id)?;
                     }
@@ -107,6 +110,12 @@ impl<B: Backend> CachingAllocator<B> {
                 Ok(released >= key_size)
             }
         }
+    }
+
+    /// A free block that is an entire ordinary segment, which `cudaFree` may return.
+    fn is_whole_segment(&self, id: u32) -> bool {
+        let b = &self.blocks[id];
+        !b.expandable && !b.is_split()
     }
 
     /// `garbage_collect_cached_blocks`: when more than `garbage_collection_threshold` of the
