@@ -46,4 +46,5 @@ pub use error::{AllocatorError, HandleError, OutOfMemoryError};
 pub use shared::SharedAllocator;
 pub use sim::SimBackend;
 pub use stats::MemoryStats;
-pub use trace::{ContextId, Frame, Mark, TraceAction, TraceEntry};
+pub use snapshot::Snapshot;
+pub use trace::{Annotation, ContextId, Frame, Mark, TraceAction, TraceEntry};

@@ -1,3 +1,57 @@
-//! The `cachalot` command line.
+//! `cachalot`: PyTorch's CUDA caching allocator on every GPU — replay, inspect and compare.
 
-fn main() {}
+mod cli;
+mod input;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// cachalot: a caching GPU memory allocator that behaves exactly like PyTorch's.
+#[derive(Debug, Parser)]
+#[command(name = "cachalot", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print memory_summary() of a snapshot's end state (a trace or op file is replayed first).
+    Summary {
+        #[command(flatten)]
+        source: cli::report::SourceArgs,
+        /// Leave out the per-pool rows.
+        #[arg(long)]
+        abbreviated: bool,
+        /// Device ID shown in the title.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+    },
+    /// Print memory_stats() of a snapshot's end state.
+    Stats {
+        #[command(flatten)]
+        source: cli::report::SourceArgs,
+        /// As a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay PyTorch traces on the simulator; --check compares with what PyTorch recorded.
+    Replay(cli::replay::ReplayArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match &cli.command {
+        Command::Summary { source, abbreviated, device } => cli::report::summary(source, *abbreviated, *device),
+        Command::Stats { source, json } => cli::report::stats(source, *json),
+        Command::Replay(args) => cli::replay::run(args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("cachalot: {:#}", failure.error);
+            ExitCode::from(failure.status)
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! between thousands of entries stay shared here.
 
 use crate::allocator::BlockState;
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, ConfigError};
 use crate::size::{PoolKind, ROUNDUP_INTERVALS, RoundupDivisions};
 use crate::trace::{ContextId, ContextTable, TraceEntry};
 
@@ -111,4 +111,63 @@ impl TorchAllocatorSettings {
         debug_assert!(i < ROUNDUP_INTERVALS);
         (1u64 << i).to_string()
     }
+}
+
+impl TorchSegment {
+    /// PyTorch's form of one of our segments, on device `device`.
+    pub fn from_segment(segment: &crate::allocator::SegmentSnapshot, device: i64) -> Self {
+        TorchSegment {
+            device,
+            address: segment.address,
+            total_size: segment.total_size,
+            allocated_size: segment.allocated_size,
+            active_size: segment.active_size,
+            requested_size: segment.requested_size,
+            stream: segment.stream.0,
+            segment_type: segment.pool,
+            segment_pool_id: (0, 0),
+            is_expandable: segment.is_expandable,
+            frames: segment.context,
+            blocks: segment
+                .blocks
+                .iter()
+                .map(|b| TorchBlock {
+                    address: b.address,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state: b.state,
+                    frames: b.context,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What `torch.cuda.memory._snapshot()` would return for this allocator: its segments, its
+/// trace as the only device trace, its stacks, and `settings` (default: its configuration's).
+pub fn from_allocator<B: crate::backend::Backend>(
+    allocator: &crate::allocator::CachingAllocator<B>,
+    settings: Option<TorchAllocatorSettings>,
+) -> TorchSnapshot {
+    let device = i64::from(allocator.device().index);
+    TorchSnapshot {
+        segments: allocator.snapshot().iter().map(|s| TorchSegment::from_segment(s, device)).collect(),
+        device_traces: vec![allocator.trace()],
+        allocator_settings: Some(settings.unwrap_or_else(|| TorchAllocatorSettings::from_config(allocator.config()))),
+        external_annotations: 0,
+        contexts: allocator.contexts().clone(),
+    }
+}
+
+/// PyTorch's form of a cachalot snapshot file.
+pub fn from_snapshot(snapshot: &crate::snapshot::Snapshot) -> Result<TorchSnapshot, ConfigError> {
+    let device = i64::from(snapshot.device.index);
+    let config = AllocatorConfig::parse(&snapshot.settings)?;
+    Ok(TorchSnapshot {
+        segments: snapshot.segments.iter().map(|s| TorchSegment::from_segment(s, device)).collect(),
+        device_traces: vec![snapshot.trace.clone()],
+        allocator_settings: Some(TorchAllocatorSettings::from_config(&config)),
+        external_annotations: 0,
+        contexts: snapshot.context_table(),
+    })
 }

@@ -1,0 +1,60 @@
+//! Conformance with PyTorch 2.11: every reference trace in `shared/traces` replays to exactly
+//! what PyTorch recorded (segment events in order, final segments and blocks, all 122
+//! memory_stats keys, the memory_summary text, and the OOM messages), and a replay under a wrong
+//! configuration is caught.
+
+use std::path::PathBuf;
+
+use cachalot_core::replay::{ExpectedRun, ReplayOptions, check, replay};
+use cachalot_core::snapshot::pickle::read_snapshot;
+use cachalot_core::AllocatorConfig;
+
+fn traces() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200");
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+        .collect();
+    traces.sort();
+    assert_eq!(traces.len(), 9, "all nine reference traces");
+    traces
+}
+
+fn load(path: &PathBuf) -> (cachalot_core::snapshot::torch::TorchSnapshot, ExpectedRun) {
+    let snapshot = read_snapshot(&std::fs::read(path).unwrap()).unwrap();
+    let expected_path = path.with_extension("expected.json");
+    let expected = ExpectedRun::from_json(&std::fs::read(expected_path).unwrap()).unwrap();
+    (snapshot, expected)
+}
+
+#[test]
+fn every_reference_trace_matches_pytorch() {
+    for path in traces() {
+        let (snapshot, expected) = load(&path);
+        let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+        let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+        outcome.allocator.check_consistency().unwrap();
+        if let Err(difference) = check(&snapshot, &outcome, Some(&expected)) {
+            panic!("{}: {difference}", path.display());
+        }
+        assert!(!expected.memory_stats.is_empty(), "{}: the stats were compared", path.display());
+    }
+}
+
+#[test]
+fn a_wrong_configuration_is_caught() {
+    for (name, wrong) in [
+        ("random_stress_maxsplit", ""),
+        ("gpt_train_expandable", "expandable_segments:True,large_segment_size_mb:40"),
+        ("convnet_train_gc", "garbage_collection_threshold:0.9"),
+        ("gpt_train", "roundup_power2_divisions:4"),
+    ] {
+        let path = traces().into_iter().find(|p| p.to_string_lossy().contains(&format!("{name}.pickle"))).unwrap();
+        let (snapshot, expected) = load(&path);
+        let mut options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+        options.config = AllocatorConfig::parse(wrong).unwrap();
+        let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+        assert!(check(&snapshot, &outcome, Some(&expected)).is_err(), "{name} under {wrong:?} must not match");
+    }
+}
