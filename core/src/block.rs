@@ -34,8 +34,9 @@ pub(crate) struct Block {
     /// as in PyTorch: split tails keep the value of the object they were carved from).
     pub requested_size: u64,
     pub stream: StreamId,
-    /// Streams other than `stream` that used the block (`record_stream`); a small set.
-    pub stream_uses: Vec<StreamId>,
+    /// Streams other than `stream` that used the block (`record_stream`): a small set, out of
+    /// line because it is rare and the block should stay small; `None` when empty.
+    pub stream_uses: Option<Box<Vec<StreamId>>>,
     pub event_count: u32,
     pub gc_count_base: i64,
     pub prev: u32,
@@ -48,7 +49,9 @@ pub(crate) struct Block {
     pub location: Location,
     /// Bumped at every hand-out, so an old handle to a reused block is recognisably stale.
     pub generation: u32,
-    pub context: Option<ContextId>,
+    /// Stack of the allocation that holds the block ([`NIL`] when none), kept as a bare index
+    /// so the block stays small.
+    context: u32,
 }
 
 impl Block {
@@ -58,7 +61,7 @@ impl Block {
             size,
             requested_size: 0,
             stream,
-            stream_uses: Vec::new(),
+            stream_uses: None,
             event_count: 0,
             gc_count_base: 0,
             prev: NIL,
@@ -70,7 +73,25 @@ impl Block {
             expandable: false,
             location: Location::Detached,
             generation: 0,
-            context: None,
+            context: NIL,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn context(&self) -> Option<ContextId> {
+        (self.context != NIL).then_some(ContextId(self.context))
+    }
+
+    #[inline]
+    pub(crate) fn set_context(&mut self, context: Option<ContextId>) {
+        self.context = context.map_or(NIL, |c| c.0);
+    }
+
+    /// Adds a stream to the block's cross-stream uses.
+    pub(crate) fn add_stream_use(&mut self, stream: StreamId) {
+        let uses = self.stream_uses.get_or_insert_with(Default::default);
+        if !uses.contains(&stream) {
+            uses.push(stream);
         }
     }
 
@@ -82,7 +103,7 @@ impl Block {
     /// Free with no pending cross-stream use: may be merged or reused.
     #[inline]
     pub(crate) fn is_allocatable(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_none()
     }
 }
 

@@ -18,8 +18,9 @@
 use crate::backend::StreamId;
 use crate::block::{Blocks, NIL};
 
-/// A key, compared lexicographically: (stream, size, address) or (stream, address, 0).
-pub(crate) type Key = (u64, u64, u64);
+/// A key, compared lexicographically: (size, address) within one stream's size class, or
+/// (stream, address) in the address set. Two words keep a node at 32 bytes.
+pub(crate) type Key = (u64, u64);
 
 /// A block's place in the set it is in: its key (copied at insertion; a block's key never
 /// changes while it is in a set) and its links.
@@ -33,7 +34,7 @@ pub(crate) struct TreeNode {
 
 impl Default for TreeNode {
     fn default() -> Self {
-        TreeNode { key: (0, 0, 0), left: NIL, right: NIL, height: 0 }
+        TreeNode { key: (0, 0), left: NIL, right: NIL, height: 0 }
     }
 }
 
@@ -51,7 +52,7 @@ impl BlockTree {
 
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
         let b = &blocks[id];
-        let key = (b.stream.0, b.ptr, 0);
+        let key = (b.stream.0, b.ptr);
         self.root = avl::insert(&mut blocks.nodes, self.root, id, key);
         self.len += 1;
     }
@@ -66,7 +67,7 @@ impl BlockTree {
 
     /// The first block of `stream` (lowest address).
     pub(crate) fn first_of_stream(&self, blocks: &Blocks, stream: StreamId) -> Option<u32> {
-        avl::lower_bound(&blocks.nodes, self.root, (stream.0, 0, 0)).filter(|&id| blocks[id].stream == stream)
+        avl::lower_bound(&blocks.nodes, self.root, (stream.0, 0)).filter(|&id| blocks[id].stream == stream)
     }
 
     /// The block after `id`.
@@ -75,7 +76,7 @@ impl BlockTree {
     }
 
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
-        let n = avl::check(blocks, self.root, None, None, &|b| (b.stream.0, b.ptr, 0))?.1;
+        let n = avl::check(blocks, self.root, None, None, &|b| (b.stream.0, b.ptr))?.1;
         if n != self.len {
             return Err(format!("address set holds {n} blocks but counts {}", self.len));
         }
@@ -184,7 +185,7 @@ impl FreeIndex {
 
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
         let b = &blocks[id];
-        let key = (b.stream.0, b.size, b.ptr);
+        let key = (b.size, b.ptr);
         let stream = b.stream;
         let index = match self.streams.iter().position(|s| s.stream == stream) {
             Some(i) => i,
@@ -195,7 +196,7 @@ impl FreeIndex {
             }
         };
         let classes = &mut self.streams[index];
-        let class = size_class(key.1);
+        let class = size_class(key.0);
         let root = avl::insert(&mut blocks.nodes, classes.roots[class], id, key);
         classes.set_root(class, root);
         self.len += 1;
@@ -203,11 +204,12 @@ impl FreeIndex {
 
     pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
         let key = blocks.nodes[id as usize].key;
-        let Some(classes) = self.streams.iter_mut().find(|s| s.stream.0 == key.0) else {
+        let stream = blocks[id].stream;
+        let Some(classes) = self.streams.iter_mut().find(|s| s.stream == stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };
-        let class = size_class(key.1);
+        let class = size_class(key.0);
         let (root, found) = avl::remove(&mut blocks.nodes, classes.roots[class], key);
         debug_assert!(found, "block {id} not in its set");
         classes.set_root(class, root);
@@ -222,7 +224,7 @@ impl FreeIndex {
         let class = size_class(size);
         let root = classes.roots[class];
         if root != NIL {
-            if let Some(id) = avl::lower_bound(&blocks.nodes, root, (stream.0, size, 0)) {
+            if let Some(id) = avl::lower_bound(&blocks.nodes, root, (size, 0)) {
                 return Some(id);
             }
         }
@@ -232,8 +234,8 @@ impl FreeIndex {
     /// The next block of the same stream.
     pub(crate) fn successor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
         let key = blocks.nodes[id as usize].key;
-        let classes = self.stream(StreamId(key.0))?;
-        let class = size_class(key.1);
+        let classes = self.stream(blocks[id].stream)?;
+        let class = size_class(key.0);
         avl::after(&blocks.nodes, classes.roots[class], key)
             .or_else(|| classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c])))
     }
@@ -241,17 +243,17 @@ impl FreeIndex {
     /// The previous block of the same stream.
     pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
         let key = blocks.nodes[id as usize].key;
-        self.last_below_key(blocks, key)
+        self.last_below_key(blocks, blocks[id].stream, key)
     }
 
     /// The largest block of `stream` smaller than `size` bytes.
     pub(crate) fn last_below(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
-        self.last_below_key(blocks, (stream.0, size, 0))
+        self.last_below_key(blocks, stream, (size, 0))
     }
 
-    fn last_below_key(&self, blocks: &Blocks, key: Key) -> Option<u32> {
-        let classes = self.stream(StreamId(key.0))?;
-        let class = size_class(key.1);
+    fn last_below_key(&self, blocks: &Blocks, stream: StreamId, key: Key) -> Option<u32> {
+        let classes = self.stream(stream)?;
+        let class = size_class(key.0);
         avl::before(&blocks.nodes, classes.roots[class], key)
             .or_else(|| classes.last_before(class).and_then(|c| avl::last(&blocks.nodes, classes.roots[c])))
     }
@@ -283,7 +285,7 @@ impl FreeIndex {
                 if root == NIL {
                     return Err(format!("size class {c} is marked but empty"));
                 }
-                let n = avl::check(blocks, root, None, None, &|b| (b.stream.0, b.size, b.ptr))?.1;
+                let n = avl::check(blocks, root, None, None, &|b| (b.size, b.ptr))?.1;
                 let mut members = Vec::new();
                 avl::in_order(&blocks.nodes, root, &mut members);
                 for id in members {

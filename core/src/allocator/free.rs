@@ -24,7 +24,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let id = self.live_block(&allocation)?;
         // Record the events first: if the device fails, the block stays allocated and intact.
-        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let uses = self.blocks[id].stream_uses.take().map(|u| *u).unwrap_or_default();
         let mut events = Vec::with_capacity(uses.len());
         for &stream in &uses {
             match self.backend.record_event(stream) {
@@ -33,7 +33,7 @@ impl<B: Backend> CachingAllocator<B> {
                     for (_, event) in events {
                         self.backend.release_event(event);
                     }
-                    self.blocks[id].stream_uses = uses;
+                    self.blocks[id].stream_uses = Some(Box::new(uses));
                     return Err(error.into());
                 }
             }
@@ -42,7 +42,7 @@ impl<B: Backend> CachingAllocator<B> {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
-        let block_context = b.context;
+        let block_context = b.context();
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         let context = self.current_context.or(block_context);
@@ -69,8 +69,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let id = self.live_block(allocation)?;
         let b = &mut self.blocks[id];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            b.add_stream_use(stream);
         }
         Ok(())
     }
@@ -136,9 +136,9 @@ impl<B: Backend> CachingAllocator<B> {
         debug_assert!(b.is_allocatable() && b.location == Location::Active);
         let (ptr, requested, stream, pool, expandable) = (b.ptr, b.requested_size, b.stream, b.pool, b.expandable);
         let original_size = b.size;
-        let context = self.current_context.or(b.context);
+        let context = self.current_context.or(b.context());
         self.record(TraceAction::FreeCompleted, ptr, requested, stream, context);
-        self.blocks[id].context = None;
+        self.blocks[id].set_context(None);
 
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;

@@ -129,7 +129,7 @@ impl<B: Backend> CachingAllocator<B> {
                         size: b.size,
                         requested_size: b.requested_size,
                         state,
-                        context: if state == BlockState::Inactive { None } else { b.context },
+                        context: if state == BlockState::Inactive { None } else { b.context() },
                     });
                     id = b.next;
                 }

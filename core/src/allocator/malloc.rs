@@ -185,7 +185,7 @@ impl<B: Backend> CachingAllocator<B> {
         let b = &mut self.blocks[block];
         b.allocated = true;
         b.requested_size = requested;
-        b.context = context;
+        b.set_context(context);
         b.location = Location::Active;
         b.generation = b.generation.wrapping_add(1);
         let (ptr, size, stream, generation) = (b.ptr, b.size, b.stream, b.generation);
