@@ -36,6 +36,7 @@ pub(crate) struct Block {
     pub stream: StreamId,
     /// Streams other than `stream` that used the block (`record_stream`): a small set, out of
     /// line because it is rare and the block should stay small; `None` when empty.
+    #[allow(clippy::box_collection, reason = "8 bytes in every block instead of 24 for a rare set")]
     pub stream_uses: Option<Box<Vec<StreamId>>>,
     pub event_count: u32,
     pub gc_count_base: i64,

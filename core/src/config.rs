@@ -331,10 +331,10 @@ pub struct ConfigBuilder {
 
 impl ConfigBuilder {
     fn update(mut self, f: impl FnOnce(&mut AllocatorConfig) -> Result<(), ConfigError>) -> Self {
-        if let Ok(config) = &mut self.config {
-            if let Err(error) = f(config) {
-                self.config = Err(error);
-            }
+        if let Ok(config) = &mut self.config
+            && let Err(error) = f(config)
+        {
+            self.config = Err(error);
         }
         self
     }

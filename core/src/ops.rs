@@ -3,8 +3,8 @@
 //! One op per line: `a ID SIZE [STREAM]` allocates SIZE bytes as handle ID, `f ID` frees it;
 //! `#` starts a comment. IDs are dense and not reused while live.
 
-use crate::backend::{Backend, StreamId};
 use crate::allocator::{Allocation, CachingAllocator};
+use crate::backend::{Backend, StreamId};
 use crate::error::AllocatorError;
 
 /// One operation of an op file.

@@ -252,12 +252,7 @@ pub fn replay(
                     if a.address() != e.addr {
                         divergences.push(Divergence {
                             index: i,
-                            message: format!(
-                                "alloc of {} B got {:#x}, PyTorch got {:#x}",
-                                e.size,
-                                a.address(),
-                                e.addr
-                            ),
+                            message: format!("alloc of {} B got {:#x}, PyTorch got {:#x}", e.size, a.address(), e.addr),
                         });
                     }
                     live.insert(e.addr, a);
@@ -273,7 +268,12 @@ pub fn replay(
                         i += 1;
                         continue; // its alloc already diverged
                     }
-                    return Err(ReplayError::UnknownAddress { device, index: i, action: "free_requested", addr: e.addr });
+                    return Err(ReplayError::UnknownAddress {
+                        device,
+                        index: i,
+                        action: "free_requested",
+                        addr: e.addr,
+                    });
                 };
                 if let Some(FreeKind::Deferred { completion }) = frees.get(&i) {
                     let stream = completion.map_or(StreamId(u64::MAX), synthetic_stream);
@@ -376,7 +376,12 @@ fn ends_sync_run(action: TraceAction) -> bool {
 /// collection, the oversize release or the full release of the retry chain) or of an
 /// `empty_cache` call. Where the order of the trace leaves both possible, a copy of the
 /// allocator performs the next malloc to see.
-fn released_by_next_malloc(allocator: &CachingAllocator<SimBackend>, trace: &[TraceEntry], i: usize, run: usize) -> bool {
+fn released_by_next_malloc(
+    allocator: &CachingAllocator<SimBackend>,
+    trace: &[TraceEntry],
+    i: usize,
+    run: usize,
+) -> bool {
     let Some(next) = trace.get(i + run) else { return false };
     match next.action {
         TraceAction::Oom => true,
@@ -413,7 +418,8 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
         match e.action {
             TraceAction::SegmentAlloc => segments.push(e.addr),
             TraceAction::SegmentMap => {
-                let owner = reservations.range(..=e.addr).next_back().filter(|(b, _)| e.addr < *b + va).map(|(b, _)| *b);
+                let owner =
+                    reservations.range(..=e.addr).next_back().filter(|(b, _)| e.addr < *b + va).map(|(b, _)| *b);
                 let base = owner.unwrap_or_else(|| {
                     bases.push(e.addr);
                     e.addr
@@ -443,9 +449,8 @@ fn classify_frees(trace: &[TraceEntry]) -> HashMap<usize, FreeKind> {
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::FreeRequested => {
-                let immediate = trace
-                    .get(i + 1)
-                    .is_some_and(|n| n.action == TraceAction::FreeCompleted && n.addr == e.addr);
+                let immediate =
+                    trace.get(i + 1).is_some_and(|n| n.action == TraceAction::FreeCompleted && n.addr == e.addr);
                 if immediate {
                     kinds.insert(i, FreeKind::Immediate);
                 } else {
@@ -472,12 +477,8 @@ pub fn check(snapshot: &TorchSnapshot, outcome: &ReplayOutcome, expected: Option
         return Err(format!("entry {}: {}", d.index, d.message));
     }
     // Every segment event, in order.
-    let ours: Vec<(TraceAction, u64, u64)> = allocator
-        .trace()
-        .iter()
-        .filter(|e| e.action.is_segment_event())
-        .map(|e| (e.action, e.addr, e.size))
-        .collect();
+    let ours: Vec<(TraceAction, u64, u64)> =
+        allocator.trace().iter().filter(|e| e.action.is_segment_event()).map(|e| (e.action, e.addr, e.size)).collect();
     let recorded: Vec<(usize, TraceAction, u64, u64)> = snapshot
         .device_traces
         .get(device)
@@ -499,7 +500,12 @@ pub fn check(snapshot: &TorchSnapshot, outcome: &ReplayOutcome, expected: Option
                     a.name()
                 ));
             }
-            None => return Err(format!("segment event {n} (entry {index}): PyTorch {} {addr:#x} {size} B, replay none", action.name())),
+            None => {
+                return Err(format!(
+                    "segment event {n} (entry {index}): PyTorch {} {addr:#x} {size} B, replay none",
+                    action.name()
+                ));
+            }
         }
     }
     if ours.len() > recorded.len() {
@@ -513,7 +519,11 @@ pub fn check(snapshot: &TorchSnapshot, outcome: &ReplayOutcome, expected: Option
     Ok(())
 }
 
-fn check_segments(snapshot: &TorchSnapshot, device: usize, allocator: &CachingAllocator<SimBackend>) -> Result<(), String> {
+fn check_segments(
+    snapshot: &TorchSnapshot,
+    device: usize,
+    allocator: &CachingAllocator<SimBackend>,
+) -> Result<(), String> {
     let ours = allocator.snapshot();
     let theirs: Vec<_> = snapshot.segments.iter().filter(|s| s.device == device as i64).collect();
     if ours.len() != theirs.len() {
@@ -541,10 +551,15 @@ fn check_segments(snapshot: &TorchSnapshot, device: usize, allocator: &CachingAl
             ));
         }
         if o.blocks.len() != t.blocks.len() {
-            return Err(format!("final segment at {at:#x}: PyTorch has {} blocks, replay {}", t.blocks.len(), o.blocks.len()));
+            return Err(format!(
+                "final segment at {at:#x}: PyTorch has {} blocks, replay {}",
+                t.blocks.len(),
+                o.blocks.len()
+            ));
         }
         for (ob, tb) in o.blocks.iter().zip(&t.blocks) {
-            if (ob.address, ob.size, ob.requested_size, ob.state) != (tb.address, tb.size, tb.requested_size, tb.state) {
+            if (ob.address, ob.size, ob.requested_size, ob.state) != (tb.address, tb.size, tb.requested_size, tb.state)
+            {
                 return Err(format!(
                     "final block at {:#x}: PyTorch {} B (requested {}) {}, replay {:#x} {} B (requested {}) {}",
                     tb.address,
@@ -585,13 +600,21 @@ fn check_expected(
         let ours = allocator.memory_summary(false);
         if &ours != summary {
             let line = ours.lines().zip(summary.lines()).position(|(a, b)| a != b).unwrap_or(0);
-            return Err(format!("memory_summary differs at line {}: PyTorch {:?}, replay {:?}", line + 1,
-                summary.lines().nth(line).unwrap_or(""), ours.lines().nth(line).unwrap_or("")));
+            return Err(format!(
+                "memory_summary differs at line {}: PyTorch {:?}, replay {:?}",
+                line + 1,
+                summary.lines().nth(line).unwrap_or(""),
+                ours.lines().nth(line).unwrap_or("")
+            ));
         }
     }
     let expected_ooms: Vec<&String> = expected.marks.iter().filter_map(|m| m.message.as_ref()).collect();
     if expected_ooms.len() != outcome.oom_messages.len() {
-        return Err(format!("PyTorch raised {} OOM errors, the replay {}", expected_ooms.len(), outcome.oom_messages.len()));
+        return Err(format!(
+            "PyTorch raised {} OOM errors, the replay {}",
+            expected_ooms.len(),
+            outcome.oom_messages.len()
+        ));
     }
     for (theirs, ours) in expected_ooms.iter().zip(&outcome.oom_messages) {
         let (t, o) = (OutOfMemoryError::allocator_part(theirs), OutOfMemoryError::allocator_part(ours));

@@ -227,7 +227,7 @@ impl Backend for SimBackend {
             .get(&base)
             .ok_or_else(|| BackendError::Device(format!("map in unknown reservation {base:#x}")))?;
         let page = reservation.page_size;
-        if offset % page != 0 || size % page != 0 || offset + size > reservation.size {
+        if !offset.is_multiple_of(page) || !size.is_multiple_of(page) || offset + size > reservation.size {
             return Err(BackendError::Device(format!(
                 "map of [{offset:#x}, +{size:#x}) is not whole pages of {base:#x}"
             )));
@@ -250,7 +250,10 @@ impl Backend for SimBackend {
             .ok_or_else(|| BackendError::Device(format!("unmap in unknown reservation {base:#x}")))?;
         let page = reservation.page_size;
         let pages: Vec<u64> = (offset..offset + size).step_by(page as usize).collect();
-        if offset % page != 0 || size % page != 0 || pages.iter().any(|p| !reservation.mapped.contains(p)) {
+        if !offset.is_multiple_of(page)
+            || !size.is_multiple_of(page)
+            || pages.iter().any(|p| !reservation.mapped.contains(p))
+        {
             return Err(BackendError::Device(format!("unmap of pages that are not mapped in {base:#x}")));
         }
         for p in pages {

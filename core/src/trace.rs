@@ -302,8 +302,8 @@ mod tests {
     fn contexts_are_interned() {
         let mut t = ContextTable::default();
         let f = Frame { filename: "a.py".into(), line: 3, name: "f".into() };
-        let a = t.intern(&[f.clone()]);
-        let b = t.intern(&[f.clone()]);
+        let a = t.intern(std::slice::from_ref(&f));
+        let b = t.intern(std::slice::from_ref(&f));
         assert_eq!(a, b);
         assert_eq!(t.frames(a), &[f]);
         assert_eq!(t.intern_annotation("N/A", ""), None);

@@ -223,10 +223,10 @@ impl FreeIndex {
         let classes = self.stream(stream)?;
         let class = size_class(size);
         let root = classes.roots[class];
-        if root != NIL {
-            if let Some(id) = avl::lower_bound(&blocks.nodes, root, (size, 0)) {
-                return Some(id);
-            }
+        if root != NIL
+            && let Some(id) = avl::lower_bound(&blocks.nodes, root, (size, 0))
+        {
+            return Some(id);
         }
         classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c]))
     }
@@ -582,9 +582,9 @@ mod tests {
         let key = |blocks: &Blocks, id: u32| (blocks[id].stream.0, blocks[id].size, blocks[id].ptr);
         for step in 0..6000u64 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            if ids.is_empty() || x % 3 != 0 {
+            if ids.is_empty() || !x.is_multiple_of(3) {
                 // Sizes across many classes, with many exact repeats.
-                let size = if x % 5 == 0 { 1 << 20 } else { 512 << ((x >> 8) % 24) } + (x >> 40) % 4 * 512;
+                let size = if x.is_multiple_of(5) { 1 << 20 } else { 512 << ((x >> 8) % 24) } + (x >> 40) % 4 * 512;
                 let id = add(&mut blocks, (x >> 4) % 3 * 0x1000, size, step * 4096);
                 index.insert(&mut blocks, id);
                 reference.insert((key(&blocks, id), id));

@@ -2,7 +2,9 @@
 //! every operation: blocks tile their segments, nothing overlaps or sits in two places, free
 //! neighbours are merged, and each stat equals a recount from scratch — also after errors.
 
-use cachalot_core::{AllocatorConfig, AllocatorError, Allocation, CachingAllocator, SimBackend, StreamId};
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
+use cachalot_core::{Allocation, AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;

@@ -1,6 +1,8 @@
 //! `memory_summary()` of the nine real PyTorch 2.11 runs in `shared/traces`, rebuilt from their
 //! recorded `memory_stats()`: the formatter must reproduce PyTorch's text byte for byte.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -1,6 +1,8 @@
 //! Every verified example of `spec/pytorch-caching-allocator.md`, measured on PyTorch 2.11 /
 //! H200, replayed on the simulator.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use cachalot_core::{
     AllocatorConfig, AllocatorError, BlockState, CachingAllocator, SegmentSnapshot, SimBackend, StreamId, TraceAction,
 };
@@ -219,8 +221,7 @@ fn worked_example_expandable_segments() {
     let snap = a.snapshot();
     assert_eq!(snap.len(), 1, "the small segment is gone entirely");
     assert_eq!(snap[0].address, large_start + 40 * MIB, "the large segment now starts 40 MiB later");
-    let unmaps: Vec<u64> =
-        a.trace().iter().filter(|e| e.action == TraceAction::SegmentUnmap).map(|e| e.size).collect();
+    let unmaps: Vec<u64> = a.trace().iter().filter(|e| e.action == TraceAction::SegmentUnmap).map(|e| e.size).collect();
     assert_eq!(unmaps, [40 * MIB, 2 * MIB]);
 }
 

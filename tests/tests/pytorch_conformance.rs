@@ -3,11 +3,13 @@
 //! memory_stats keys, the memory_summary text, and the OOM messages), and a replay under a wrong
 //! configuration is caught.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use std::path::PathBuf;
 
+use cachalot_core::AllocatorConfig;
 use cachalot_core::replay::{ExpectedRun, ReplayOptions, check, replay};
 use cachalot_core::snapshot::pickle::read_snapshot;
-use cachalot_core::AllocatorConfig;
 
 fn traces() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200");

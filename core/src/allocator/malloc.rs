@@ -210,10 +210,10 @@ impl<B: Backend> CachingAllocator<B> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory.saturating_add(size) > allowed {
-                return Ok(None);
-            }
+        if let Some(allowed) = self.allowed_memory_maximum
+            && self.total_allocated_memory.saturating_add(size) > allowed
+        {
+            return Ok(None);
         }
         if request.expandable {
             return self.try_allocate_expandable_block(request);

@@ -80,11 +80,7 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     fn new() -> Self {
-        BlockPool {
-            free: FreeIndex::default(),
-            unmapped: BlockTree::new(),
-            free_blocks_call_count: 0,
-        }
+        BlockPool { free: FreeIndex::default(), unmapped: BlockTree::new(), free_blocks_call_count: 0 }
     }
 }
 

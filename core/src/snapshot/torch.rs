@@ -17,10 +17,24 @@ pub struct TorchSnapshot {
     /// The allocator configuration PyTorch parsed; `None` in a bare list of segments
     /// (`torch.cuda.memory_snapshot()`) or very old snapshots.
     pub allocator_settings: Option<TorchAllocatorSettings>,
-    /// Number of `record_function` annotations (kept only as a count).
-    pub external_annotations: usize,
+    /// `record_function` annotations recorded with the history.
+    pub external_annotations: Vec<ExternalAnnotation>,
     /// The stacks and annotation strings referenced by segments, blocks and entries.
     pub contexts: ContextTable,
+}
+
+/// One `record_function` annotation of `external_annotations` (recorded when the profiler's
+/// record-function hooks run while history is recorded, e.g. `Optimizer.step#SGD.step`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExternalAnnotation {
+    /// `"START"` or `"END"`.
+    pub stage: String,
+    /// The annotated region, e.g. `Optimizer.zero_grad#AdamW.zero_grad`.
+    pub name: String,
+    /// Device ordinal.
+    pub device: i64,
+    /// Wall-clock microseconds.
+    pub time_us: i64,
 }
 
 /// One segment of a snapshot.
@@ -154,7 +168,7 @@ pub fn from_allocator<B: crate::backend::Backend>(
         segments: allocator.snapshot().iter().map(|s| TorchSegment::from_segment(s, device)).collect(),
         device_traces: vec![allocator.trace()],
         allocator_settings: Some(settings.unwrap_or_else(|| TorchAllocatorSettings::from_config(allocator.config()))),
-        external_annotations: 0,
+        external_annotations: Vec::new(),
         contexts: allocator.contexts().clone(),
     }
 }
@@ -167,7 +181,7 @@ pub fn from_snapshot(snapshot: &crate::snapshot::Snapshot) -> Result<TorchSnapsh
         segments: snapshot.segments.iter().map(|s| TorchSegment::from_segment(s, device)).collect(),
         device_traces: vec![snapshot.trace.clone()],
         allocator_settings: Some(TorchAllocatorSettings::from_config(&config)),
-        external_annotations: 0,
+        external_annotations: Vec::new(),
         contexts: snapshot.context_table(),
     })
 }

@@ -1,1 +1,0 @@
-//! Reading and writing PyTorch snapshot pickles (being written).
