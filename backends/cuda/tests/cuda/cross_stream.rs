@@ -1,0 +1,203 @@
+//! Cross-stream safety: a block freed while a long kernel on another stream still writes it
+//! (`record_stream`) is not handed out again until that kernel has finished. The same scenario
+//! on a backend that ignores events shows the test catches the bug: there the block comes
+//! back at once and its new contents are overwritten.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cachalot_core::{AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, StreamId};
+use cachalot_cuda::cudarc::driver::CudaEvent;
+use cachalot_cuda::{CudaBackend, CudaDevice, CudaKernels, DeviceSpan};
+
+use crate::common;
+
+/// The CUDA backend with its event logic removed: every event reads as complete at once.
+struct IgnoreEvents(CudaBackend);
+
+impl Backend for IgnoreEvents {
+    type Event = CudaEvent;
+    fn device(&self) -> &DeviceFacts {
+        self.0.device()
+    }
+    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
+        self.0.allocate_segment(size, stream)
+    }
+    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.0.free_segment(address, size)
+    }
+    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+        self.0.memory_info()
+    }
+    fn record_event(&mut self, stream: StreamId) -> Result<CudaEvent, BackendError> {
+        self.0.record_event(stream)
+    }
+    fn query_event(&mut self, _event: &CudaEvent) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+    fn synchronize_event(&mut self, _event: &CudaEvent) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+/// Large pool, exact 16 MiB segments: the block is a whole segment.
+const SIZE: u64 = 16 << 20;
+const WORDS: u64 = SIZE / 4;
+const SPIN: Duration = Duration::from_millis(500);
+/// Cached 18 MiB segments serve the allocations made while the kernel runs, so that no
+/// `cuMemAlloc` (which may synchronize) happens then; a free 16 MiB block is always the better
+/// fit, so X's block is taken whenever it is back in the cache.
+const SPARE: u64 = 18 << 20;
+
+/// Caches `count` spare segments on `stream`.
+fn cache_spares<B: Backend>(allocator: &mut CachingAllocator<B>, stream: StreamId, count: usize) {
+    let spares: Vec<_> = (0..count).map(|_| allocator.malloc(SPARE, stream).unwrap()).collect();
+    for spare in spares {
+        allocator.free(spare).unwrap();
+    }
+}
+
+struct Outcome {
+    /// The freed block's address, and the address of each allocation made while the kernel ran.
+    freed: u64,
+    while_running: Vec<u64>,
+    /// Whether the kernel was still running after the last of those allocations was filled.
+    still_running: bool,
+    /// Words of the first such allocation that did not hold its own pattern afterwards.
+    corrupted: u32,
+    /// The address a same-size allocation got after the kernel finished.
+    after: u64,
+}
+
+/// Allocates X on A and fills it; B (after A) runs a long kernel writing X; X is freed with
+/// `record_stream(B)`; then same-size allocations on A, each filled with its own pattern, while
+/// B's kernel still runs.
+fn scenario<B: Backend>(
+    allocator: &mut CachingAllocator<B>,
+    device: &Arc<CudaDevice>,
+    kernels: &CudaKernels,
+    a: StreamId,
+    b: StreamId,
+) -> Outcome {
+    let counter = allocator.malloc(4, a).unwrap();
+    kernels.fill_u32(a, &counter, 1, 0).unwrap();
+    // X first, as a segment of its own; then the spares.
+    let x = allocator.malloc(SIZE, a).unwrap();
+    kernels.fill_pattern(a, &x, WORDS, 1).unwrap();
+    cache_spares(allocator, a, 4);
+    device.wait_stream(b, a).unwrap();
+    kernels.spin_fill_pattern(b, &x, WORDS, 2, SPIN, 4).unwrap();
+    let kernel_done = device.record_event(b).unwrap();
+    allocator.record_stream(&x, b).unwrap();
+    let freed = x.address();
+    allocator.free(x).unwrap();
+
+    let started = Instant::now();
+    let mut held = Vec::new();
+    let mut while_running = Vec::new();
+    for seed in 10..14u64 {
+        let y = allocator.malloc(SIZE, a).unwrap();
+        kernels.fill_pattern(a, &y, WORDS, seed).unwrap();
+        while_running.push(y.address());
+        held.push((y, seed));
+    }
+    let still_running = !kernel_done.is_complete();
+    assert!(started.elapsed() < SPIN, "the allocations took longer than the kernel runs");
+    kernel_done.synchronize().unwrap();
+    device.synchronize().unwrap();
+    // Only the first allocation can have been X's block (the best fit when it is free); check
+    // it once everything is done.
+    let (first, seed) = held[0];
+    kernels.check_pattern(a, &first, WORDS, seed, &counter).unwrap();
+    let corrupted = common::read_counter(device, kernels, &counter);
+    // Now the kernel is over: X's block comes back (process_events completes the free) and is
+    // the only free block that fits exactly (the spares in use left 2 MiB remainders).
+    let z = allocator.malloc(SIZE, a).unwrap();
+    let after = z.address();
+    for (y, _) in held {
+        allocator.free(y).unwrap();
+    }
+    allocator.free(z).unwrap();
+    allocator.free(counter).unwrap();
+    allocator.empty_cache().unwrap();
+    Outcome { freed, while_running, still_running, corrupted, after }
+}
+
+#[test]
+fn a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends() {
+    let Some(device) = common::device("a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends") else {
+        return;
+    };
+    let kernels = CudaKernels::new(&device).expect("kernels");
+    let (a, b) = (device.new_stream().unwrap(), device.new_stream().unwrap());
+
+    let backend = CudaBackend::with_device(Arc::clone(&device)).unwrap();
+    let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
+    let good = scenario(&mut allocator, &device, &kernels, a, b);
+    assert!(good.still_running, "the kernel on B ended too early for the test to mean anything");
+    assert!(
+        good.while_running.iter().all(|&addr| addr != good.freed),
+        "the block was handed out again while B's kernel still wrote it: {:#x} in {:x?}",
+        good.freed,
+        good.while_running
+    );
+    assert_eq!(good.corrupted, 0, "a block allocated while B's kernel ran was overwritten");
+    assert_eq!(good.after, good.freed, "once B's kernel ended, the block is reused");
+    let stats = allocator.stats();
+    assert_eq!(stats.num_sync_all_streams, 1, "only the final empty_cache synchronized");
+
+    // The same with the event logic removed: the checks above would fail.
+    let backend = IgnoreEvents(CudaBackend::with_device(Arc::clone(&device)).unwrap());
+    let mut broken = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
+    let bad = scenario(&mut broken, &device, &kernels, a, b);
+    assert!(bad.still_running, "the kernel on B ended too early for the control to mean anything");
+    assert_eq!(bad.while_running[0], bad.freed, "without events the block comes back at once");
+    assert!(bad.corrupted > 0, "without events, B's kernel overwrites the new allocation");
+    println!(
+        "with events: {:#x} kept out while the kernel ran ({} allocations elsewhere); without: reused at once, \
+         {} of {WORDS} words overwritten",
+        good.freed,
+        good.while_running.len(),
+        bad.corrupted
+    );
+}
+
+#[test]
+fn process_events_hands_the_block_back_only_after_completion() {
+    let Some(device) = common::device("process_events_hands_the_block_back_only_after_completion") else { return };
+    let (mut allocator, kernels) = common::allocator_and_kernels(&device, AllocatorConfig::default());
+    let (a, b) = (device.new_stream().unwrap(), device.new_stream().unwrap());
+    let x = allocator.malloc(SIZE, a).unwrap();
+    cache_spares(&mut allocator, a, 1);
+    device.wait_stream(b, a).unwrap();
+    kernels.spin_fill_pattern(b, DeviceSpan::block(&x), WORDS, 3, Duration::from_millis(300), 2).unwrap();
+    let done = device.record_event(b).unwrap();
+    allocator.record_stream(&x, b).unwrap();
+    let freed = x.address();
+    allocator.free(x).unwrap();
+    // Poll: every same-size allocation made while the kernel runs is served by the spare
+    // segment; once the kernel has ended, X's block (the better fit) comes back.
+    let (mut polls_running, mut polls_after) = (0, 0);
+    loop {
+        let done_before = done.is_complete();
+        let y = allocator.malloc(SIZE, a).unwrap();
+        let reused = y.address() == freed;
+        allocator.free(y).unwrap();
+        if reused {
+            // The allocator saw its event (recorded after `done` on B) complete.
+            assert!(done.is_complete(), "poll {polls_running}: reused while the kernel ran");
+            break;
+        }
+        if done_before {
+            polls_after += 1;
+            assert!(polls_after < 100, "the kernel is done, but the block does not come back");
+        } else {
+            polls_running += 1;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(polls_running > 5, "the kernel should have run for many polls, ran for {polls_running}");
+    assert_eq!(allocator.memory_allocated(), 0);
+    allocator.empty_cache().unwrap();
+    assert_eq!(allocator.memory_reserved(), 0);
+}
