@@ -7,7 +7,6 @@
 use crate::backend::StreamId;
 use crate::size::PoolKind;
 use crate::trace::ContextId;
-use crate::tree::TreeNode;
 
 /// "No block" / "no segment" in the `u32` links.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -23,10 +22,16 @@ pub(crate) enum Location {
     Unmapped,
     /// Taken out of its set for the few steps of an allocation.
     Detached,
+    /// An empty slot of the slab (the block was merged away or released).
+    Vacant,
 }
 
-/// One block: a range of a segment.
+/// One block: a range of a segment. Exactly one cache line: everything an allocation or a free
+/// reads, including the links of the ordered set the block is in (whose keys are the block's
+/// own `size`/`ptr`/`stream`, which never change while it is in a set). What only some
+/// configurations need lives in [`BlockCold`].
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Block {
     pub ptr: u64,
     pub size: u64,
@@ -34,25 +39,45 @@ pub(crate) struct Block {
     /// as in PyTorch: split tails keep the value of the object they were carved from).
     pub requested_size: u64,
     pub stream: StreamId,
-    /// Streams other than `stream` that used the block (`record_stream`): a small set, out of
-    /// line because it is rare and the block should stay small; `None` when empty.
-    #[allow(clippy::box_collection, reason = "8 bytes in every block instead of 24 for a rare set")]
-    pub stream_uses: Option<Box<Vec<StreamId>>>,
-    pub event_count: u32,
-    pub gc_count_base: i64,
     pub prev: u32,
     pub next: u32,
+    /// Links of the AVL tree of the set the block is in.
+    pub left: u32,
+    pub right: u32,
     pub segment: u32,
+    /// Bumped at every hand-out, so an old handle to a reused block is recognisably stale; it
+    /// survives vacancy of the slot.
+    pub generation: u32,
+    /// Outstanding cross-stream events.
+    pub event_count: u16,
+    /// Height of the block in its AVL tree.
+    pub height: u8,
     pub pool: PoolKind,
     pub allocated: bool,
     pub mapped: bool,
     pub expandable: bool,
     pub location: Location,
-    /// Bumped at every hand-out, so an old handle to a reused block is recognisably stale.
-    pub generation: u32,
-    /// Stack of the allocation that holds the block ([`NIL`] when none), kept as a bare index
-    /// so the block stays small.
-    context: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 64, "a block is one cache line");
+
+/// The parts of a block that only some uses need: the garbage collector's insertion time,
+/// `record_stream` targets and allocation stacks. Kept apart so the hot path does not carry
+/// them; written only once the allocator has started using them.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockCold {
+    pub gc_count_base: i64,
+    /// Streams other than the block's own that used it (`record_stream`); `None` when none.
+    #[allow(clippy::box_collection, reason = "8 bytes per block instead of 24 for a rare set")]
+    pub stream_uses: Option<Box<Vec<StreamId>>>,
+    /// Stack of the allocation that holds the block ([`NIL`] when none).
+    pub context: u32,
+}
+
+impl Default for BlockCold {
+    fn default() -> Self {
+        BlockCold { gc_count_base: 0, stream_uses: None, context: NIL }
+    }
 }
 
 impl Block {
@@ -62,49 +87,25 @@ impl Block {
             size,
             requested_size: 0,
             stream,
-            stream_uses: None,
-            event_count: 0,
-            gc_count_base: 0,
             prev: NIL,
             next: NIL,
+            left: NIL,
+            right: NIL,
             segment,
+            generation: 0,
+            event_count: 0,
+            height: 0,
             pool,
             allocated: false,
             mapped: true,
             expandable: false,
             location: Location::Detached,
-            generation: 0,
-            context: NIL,
-        }
-    }
-
-    #[inline]
-    pub(crate) fn context(&self) -> Option<ContextId> {
-        (self.context != NIL).then_some(ContextId(self.context))
-    }
-
-    #[inline]
-    pub(crate) fn set_context(&mut self, context: Option<ContextId>) {
-        self.context = context.map_or(NIL, |c| c.0);
-    }
-
-    /// Adds a stream to the block's cross-stream uses.
-    pub(crate) fn add_stream_use(&mut self, stream: StreamId) {
-        let uses = self.stream_uses.get_or_insert_with(Default::default);
-        if !uses.contains(&stream) {
-            uses.push(stream);
         }
     }
 
     #[inline]
     pub(crate) fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL
-    }
-
-    /// Free with no pending cross-stream use: may be merged or reused.
-    #[inline]
-    pub(crate) fn is_allocatable(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_none()
     }
 }
 
@@ -134,21 +135,11 @@ impl<T> Slab<T> {
         }
     }
 
-    /// The index the next `insert` will use.
-    pub(crate) fn next_index(&self) -> u32 {
-        self.vacant.last().copied().unwrap_or(self.items.len() as u32)
-    }
-
     pub(crate) fn remove(&mut self, index: u32) -> Option<T> {
         let value = self.items.get_mut(index as usize)?.take()?;
         self.vacant.push(index);
         self.len -= 1;
         Some(value)
-    }
-
-    #[inline]
-    pub(crate) fn get(&self, index: u32) -> Option<&T> {
-        self.items.get(index as usize)?.as_ref()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -181,46 +172,96 @@ impl<T> std::ops::IndexMut<u32> for Slab<T> {
     }
 }
 
-/// The blocks of one allocator. Slots keep their generation across reuse so that a handle to
-/// a block that was merged away and whose slot now holds another block stays invalid.
+/// The blocks of one allocator: a slab of cache-line blocks with a parallel array of their
+/// cold parts. Vacant slots keep their generation, so a handle to a block that was merged away
+/// and whose slot now holds another block stays invalid.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Blocks {
-    slab: Slab<Block>,
-    /// Generation of every slot ever used, surviving vacancy.
-    generations: Vec<u32>,
-    /// Ordered-set links and keys, parallel to the slab. Kept apart from the blocks so that a
-    /// tree walk touches one small node per level instead of a whole block.
-    pub nodes: Vec<TreeNode>,
+    hot: Vec<Block>,
+    cold: Vec<BlockCold>,
+    vacant: Vec<u32>,
+    len: usize,
+    /// Whether any cold part was ever written; until then none needs resetting.
+    cold_in_use: bool,
 }
 
 impl Blocks {
     pub(crate) fn insert(&mut self, mut block: Block) -> u32 {
-        let slot = self.slab.next_index() as usize;
-        if slot == self.generations.len() {
-            self.generations.push(0);
-            self.nodes.push(TreeNode::default());
+        self.len += 1;
+        if let Some(index) = self.vacant.pop() {
+            let slot = index as usize;
+            block.generation = self.hot[slot].generation;
+            self.hot[slot] = block;
+            if self.cold_in_use {
+                self.cold[slot] = BlockCold::default();
+            }
+            index
+        } else {
+            self.hot.push(block);
+            self.cold.push(BlockCold::default());
+            (self.hot.len() - 1) as u32
         }
-        block.generation = self.generations[slot];
-        self.slab.insert(block)
     }
 
     pub(crate) fn remove(&mut self, index: u32) {
-        if let Some(block) = self.slab.remove(index) {
-            self.generations[index as usize] = block.generation;
-        }
+        let block = &mut self.hot[index as usize];
+        debug_assert!(block.location != Location::Vacant);
+        block.location = Location::Vacant;
+        self.vacant.push(index);
+        self.len -= 1;
     }
 
+    /// The block in slot `index`, if the slot holds one.
     #[inline]
     pub(crate) fn get(&self, index: u32) -> Option<&Block> {
-        self.slab.get(index)
+        self.hot.get(index as usize).filter(|b| b.location != Location::Vacant)
+    }
+
+    /// The cold part of a block.
+    #[inline]
+    pub(crate) fn cold(&self, index: u32) -> &BlockCold {
+        &self.cold[index as usize]
+    }
+
+    /// The cold part of a block, for writing.
+    #[inline]
+    pub(crate) fn cold_mut(&mut self, index: u32) -> &mut BlockCold {
+        self.cold_in_use = true;
+        &mut self.cold[index as usize]
+    }
+
+    /// Free with no pending cross-stream use: may be merged or reused.
+    #[inline]
+    pub(crate) fn is_allocatable(&self, index: u32) -> bool {
+        let b = &self.hot[index as usize];
+        !b.allocated && b.event_count == 0 && (!self.cold_in_use || self.cold[index as usize].stream_uses.is_none())
+    }
+
+    /// The stack recorded for a block.
+    #[inline]
+    pub(crate) fn context(&self, index: u32) -> Option<ContextId> {
+        let context = self.cold[index as usize].context;
+        (context != NIL).then_some(ContextId(context))
+    }
+
+    /// All blocks, for the tree walks.
+    #[inline]
+    pub(crate) fn slice(&self) -> &[Block] {
+        &self.hot
+    }
+
+    /// All blocks, for the tree updates.
+    #[inline]
+    pub(crate) fn slice_mut(&mut self) -> &mut [Block] {
+        &mut self.hot
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.slab.len()
+        self.len
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Block)> {
-        self.slab.iter()
+        self.hot.iter().enumerate().filter(|(_, b)| b.location != Location::Vacant).map(|(i, b)| (i as u32, b))
     }
 }
 
@@ -228,14 +269,14 @@ impl std::ops::Index<u32> for Blocks {
     type Output = Block;
     #[inline]
     fn index(&self, index: u32) -> &Block {
-        &self.slab[index]
+        &self.hot[index as usize]
     }
 }
 
 impl std::ops::IndexMut<u32> for Blocks {
     #[inline]
     fn index_mut(&mut self, index: u32) -> &mut Block {
-        &mut self.slab[index]
+        &mut self.hot[index as usize]
     }
 }
 

@@ -2,9 +2,9 @@
 //! allocation and with short walks.
 //!
 //! Why not `BTreeSet`: inserting and removing allocates and frees nodes, and the cache-hit path
-//! must not touch the heap. Here the links live in a dense array parallel to the block slab (a
-//! block is in at most one set at a time, so one set of links suffices), and two structures are
-//! built on AVL trees over those links:
+//! must not touch the heap. Here the links live in the blocks themselves (a block is in at most
+//! one set at a time, so one set of links suffices) and the keys are the blocks' own fields, so
+//! a step of a walk reads one cache line. Two structures are built on AVL trees over them:
 //!
 //! - [`BlockTree`]: one tree, for the unmapped VA of expandable segments (ordered by stream and
 //!   address; rarely touched).
@@ -16,25 +16,34 @@
 //!   tie-break, is the same as one big tree's.
 
 use crate::backend::StreamId;
-use crate::block::{Blocks, NIL};
+use crate::block::{Block, Blocks, NIL};
 
 /// A key, compared lexicographically: (size, address) within one stream's size class, or
-/// (stream, address) in the address set. Two words keep a node at 32 bytes.
+/// (stream, address) in the address set.
 pub(crate) type Key = (u64, u64);
 
-/// A block's place in the set it is in: its key (copied at insertion; a block's key never
-/// changes while it is in a set) and its links.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TreeNode {
-    key: Key,
-    left: u32,
-    right: u32,
-    height: u8,
+/// The order of a set: how a block's key is read from its fields.
+pub(crate) trait Order {
+    fn key(block: &Block) -> Key;
 }
 
-impl Default for TreeNode {
-    fn default() -> Self {
-        TreeNode { key: (0, 0), left: NIL, right: NIL, height: 0 }
+/// (size, address), within one stream: PyTorch's `BlockComparatorSize` below the stream.
+pub(crate) struct BySize;
+
+impl Order for BySize {
+    #[inline]
+    fn key(block: &Block) -> Key {
+        (block.size, block.ptr)
+    }
+}
+
+/// (stream, address): PyTorch's `BlockComparatorAddress`.
+pub(crate) struct ByAddress;
+
+impl Order for ByAddress {
+    #[inline]
+    fn key(block: &Block) -> Key {
+        (block.stream.0, block.ptr)
     }
 }
 
@@ -51,15 +60,12 @@ impl BlockTree {
     }
 
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
-        let b = &blocks[id];
-        let key = (b.stream.0, b.ptr);
-        self.root = avl::insert(&mut blocks.nodes, self.root, id, key);
+        self.root = avl::insert::<ByAddress>(blocks.slice_mut(), self.root, id);
         self.len += 1;
     }
 
     pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
-        let key = blocks.nodes[id as usize].key;
-        let (root, found) = avl::remove(&mut blocks.nodes, self.root, key);
+        let (root, found) = avl::remove::<ByAddress>(blocks.slice_mut(), self.root, id);
         debug_assert!(found, "block {id} not in its set");
         self.root = root;
         self.len -= usize::from(found);
@@ -67,16 +73,17 @@ impl BlockTree {
 
     /// The first block of `stream` (lowest address).
     pub(crate) fn first_of_stream(&self, blocks: &Blocks, stream: StreamId) -> Option<u32> {
-        avl::lower_bound(&blocks.nodes, self.root, (stream.0, 0)).filter(|&id| blocks[id].stream == stream)
+        avl::lower_bound::<ByAddress>(blocks.slice(), self.root, (stream.0, 0))
+            .filter(|&id| blocks[id].stream == stream)
     }
 
     /// The block after `id`.
     pub(crate) fn successor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        avl::after(&blocks.nodes, self.root, blocks.nodes[id as usize].key)
+        avl::after::<ByAddress>(blocks.slice(), self.root, ByAddress::key(&blocks[id]))
     }
 
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
-        let n = avl::check(blocks, self.root, None, None, &|b| (b.stream.0, b.ptr))?.1;
+        let n = avl::check::<ByAddress>(blocks.slice(), self.root, None, None)?.1;
         if n != self.len {
             return Err(format!("address set holds {n} blocks but counts {}", self.len));
         }
@@ -185,7 +192,7 @@ impl FreeIndex {
 
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
         let b = &blocks[id];
-        let key = (b.size, b.ptr);
+        let size = b.size;
         let stream = b.stream;
         let index = match self.streams.iter().position(|s| s.stream == stream) {
             Some(i) => i,
@@ -196,21 +203,20 @@ impl FreeIndex {
             }
         };
         let classes = &mut self.streams[index];
-        let class = size_class(key.0);
-        let root = avl::insert(&mut blocks.nodes, classes.roots[class], id, key);
+        let class = size_class(size);
+        let root = avl::insert::<BySize>(blocks.slice_mut(), classes.roots[class], id);
         classes.set_root(class, root);
         self.len += 1;
     }
 
     pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
-        let key = blocks.nodes[id as usize].key;
-        let stream = blocks[id].stream;
+        let (stream, size) = (blocks[id].stream, blocks[id].size);
         let Some(classes) = self.streams.iter_mut().find(|s| s.stream == stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };
-        let class = size_class(key.0);
-        let (root, found) = avl::remove(&mut blocks.nodes, classes.roots[class], key);
+        let class = size_class(size);
+        let (root, found) = avl::remove::<BySize>(blocks.slice_mut(), classes.roots[class], id);
         debug_assert!(found, "block {id} not in its set");
         classes.set_root(class, root);
         self.len -= usize::from(found);
@@ -224,26 +230,25 @@ impl FreeIndex {
         let class = size_class(size);
         let root = classes.roots[class];
         if root != NIL
-            && let Some(id) = avl::lower_bound(&blocks.nodes, root, (size, 0))
+            && let Some(id) = avl::lower_bound::<BySize>(blocks.slice(), root, (size, 0))
         {
             return Some(id);
         }
-        classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c]))
+        classes.first_from(class + 1).and_then(|c| avl::first(blocks.slice(), classes.roots[c]))
     }
 
     /// The next block of the same stream.
     pub(crate) fn successor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        let key = blocks.nodes[id as usize].key;
+        let key = BySize::key(&blocks[id]);
         let classes = self.stream(blocks[id].stream)?;
         let class = size_class(key.0);
-        avl::after(&blocks.nodes, classes.roots[class], key)
-            .or_else(|| classes.first_from(class + 1).and_then(|c| avl::first(&blocks.nodes, classes.roots[c])))
+        avl::after::<BySize>(blocks.slice(), classes.roots[class], key)
+            .or_else(|| classes.first_from(class + 1).and_then(|c| avl::first(blocks.slice(), classes.roots[c])))
     }
 
     /// The previous block of the same stream.
     pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        let key = blocks.nodes[id as usize].key;
-        self.last_below_key(blocks, blocks[id].stream, key)
+        self.last_below_key(blocks, blocks[id].stream, BySize::key(&blocks[id]))
     }
 
     /// The largest block of `stream` smaller than `size` bytes.
@@ -254,8 +259,8 @@ impl FreeIndex {
     fn last_below_key(&self, blocks: &Blocks, stream: StreamId, key: Key) -> Option<u32> {
         let classes = self.stream(stream)?;
         let class = size_class(key.0);
-        avl::before(&blocks.nodes, classes.roots[class], key)
-            .or_else(|| classes.last_before(class).and_then(|c| avl::last(&blocks.nodes, classes.roots[c])))
+        avl::before::<BySize>(blocks.slice(), classes.roots[class], key)
+            .or_else(|| classes.last_before(class).and_then(|c| avl::last(blocks.slice(), classes.roots[c])))
     }
 
     /// All blocks in set order.
@@ -264,7 +269,7 @@ impl FreeIndex {
         for classes in &self.streams {
             let mut class = classes.first_from(0);
             while let Some(c) = class {
-                avl::in_order(&blocks.nodes, classes.roots[c], &mut out);
+                avl::in_order(blocks.slice(), classes.roots[c], &mut out);
                 class = classes.first_from(c + 1);
             }
         }
@@ -285,9 +290,9 @@ impl FreeIndex {
                 if root == NIL {
                     return Err(format!("size class {c} is marked but empty"));
                 }
-                let n = avl::check(blocks, root, None, None, &|b| (b.size, b.ptr))?.1;
+                let n = avl::check::<BySize>(blocks.slice(), root, None, None)?.1;
                 let mut members = Vec::new();
-                avl::in_order(&blocks.nodes, root, &mut members);
+                avl::in_order(blocks.slice(), root, &mut members);
                 for id in members {
                     let b = &blocks[id];
                     if b.stream != classes.stream || size_class(b.size) != c {
@@ -310,234 +315,240 @@ impl FreeIndex {
     }
 }
 
-/// AVL trees over the shared node array, each identified by its root.
+/// AVL trees threaded through the blocks' `left`/`right`/`height`, each identified by its
+/// root, ordered by `O`.
 mod avl {
-    use super::{Key, TreeNode};
-    use crate::block::{Block, Blocks, NIL};
+    use super::{Key, Order};
+    use crate::block::{Block, NIL};
 
-    pub(super) fn insert(nodes: &mut [TreeNode], root: u32, id: u32, key: Key) -> u32 {
-        nodes[id as usize] = TreeNode { key, left: NIL, right: NIL, height: 1 };
-        insert_below(nodes, root, id, key)
+    #[inline]
+    fn key<O: Order>(blocks: &[Block], id: u32) -> Key {
+        O::key(&blocks[id as usize])
     }
 
-    fn insert_below(nodes: &mut [TreeNode], node: u32, id: u32, key: Key) -> u32 {
+    pub(super) fn insert<O: Order>(blocks: &mut [Block], root: u32, id: u32) -> u32 {
+        let b = &mut blocks[id as usize];
+        b.left = NIL;
+        b.right = NIL;
+        b.height = 1;
+        let k = O::key(b);
+        insert_below::<O>(blocks, root, id, k)
+    }
+
+    fn insert_below<O: Order>(blocks: &mut [Block], node: u32, id: u32, k: Key) -> u32 {
         if node == NIL {
             return id;
         }
-        if key < nodes[node as usize].key {
-            let left = insert_below(nodes, nodes[node as usize].left, id, key);
-            nodes[node as usize].left = left;
+        if k < key::<O>(blocks, node) {
+            let left = insert_below::<O>(blocks, blocks[node as usize].left, id, k);
+            blocks[node as usize].left = left;
         } else {
-            let right = insert_below(nodes, nodes[node as usize].right, id, key);
-            nodes[node as usize].right = right;
+            let right = insert_below::<O>(blocks, blocks[node as usize].right, id, k);
+            blocks[node as usize].right = right;
         }
-        rebalance(nodes, node)
+        rebalance(blocks, node)
     }
 
-    /// Removes the member with `key`; returns the new root and whether it was found.
-    pub(super) fn remove(nodes: &mut [TreeNode], root: u32, key: Key) -> (u32, bool) {
+    /// Removes `id`; returns the new root and whether it was found.
+    pub(super) fn remove<O: Order>(blocks: &mut [Block], root: u32, id: u32) -> (u32, bool) {
         let mut found = false;
-        let root = remove_below(nodes, root, key, &mut found);
+        let k = key::<O>(blocks, id);
+        let root = remove_below::<O>(blocks, root, k, &mut found);
         (root, found)
     }
 
-    fn remove_below(nodes: &mut [TreeNode], node: u32, key: Key, found: &mut bool) -> u32 {
+    fn remove_below<O: Order>(blocks: &mut [Block], node: u32, k: Key, found: &mut bool) -> u32 {
         if node == NIL {
             return NIL;
         }
-        let here = nodes[node as usize];
-        if key < here.key {
-            let left = remove_below(nodes, here.left, key, found);
-            nodes[node as usize].left = left;
-        } else if key > here.key {
-            let right = remove_below(nodes, here.right, key, found);
-            nodes[node as usize].right = right;
+        let here = key::<O>(blocks, node);
+        let (left, right) = (blocks[node as usize].left, blocks[node as usize].right);
+        if k < here {
+            let left = remove_below::<O>(blocks, left, k, found);
+            blocks[node as usize].left = left;
+        } else if k > here {
+            let right = remove_below::<O>(blocks, right, k, found);
+            blocks[node as usize].right = right;
         } else {
             *found = true;
-            if here.left == NIL {
-                return here.right;
+            if left == NIL {
+                return right;
             }
-            if here.right == NIL {
-                return here.left;
+            if right == NIL {
+                return left;
             }
-            let (rest, min) = remove_min(nodes, here.right);
-            nodes[min as usize].left = here.left;
-            nodes[min as usize].right = rest;
-            return rebalance(nodes, min);
+            let (rest, min) = remove_min(blocks, right);
+            blocks[min as usize].left = left;
+            blocks[min as usize].right = rest;
+            return rebalance(blocks, min);
         }
-        rebalance(nodes, node)
+        rebalance(blocks, node)
     }
 
-    /// The first member with a key `>= key`.
+    /// The first member with a key `>= k`.
     #[inline]
-    pub(super) fn lower_bound(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+    pub(super) fn lower_bound<O: Order>(blocks: &[Block], root: u32, k: Key) -> Option<u32> {
         let mut node = root;
         let mut best = NIL;
         while node != NIL {
-            let n = &nodes[node as usize];
-            if n.key >= key {
+            let b = &blocks[node as usize];
+            if O::key(b) >= k {
                 best = node;
-                node = n.left;
+                node = b.left;
             } else {
-                node = n.right;
+                node = b.right;
             }
         }
         (best != NIL).then_some(best)
     }
 
-    /// The first member with a key `> key`.
-    pub(super) fn after(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+    /// The first member with a key `> k`.
+    pub(super) fn after<O: Order>(blocks: &[Block], root: u32, k: Key) -> Option<u32> {
         let mut node = root;
         let mut best = NIL;
         while node != NIL {
-            let n = &nodes[node as usize];
-            if n.key > key {
+            let b = &blocks[node as usize];
+            if O::key(b) > k {
                 best = node;
-                node = n.left;
+                node = b.left;
             } else {
-                node = n.right;
+                node = b.right;
             }
         }
         (best != NIL).then_some(best)
     }
 
-    /// The last member with a key `< key`.
-    pub(super) fn before(nodes: &[TreeNode], root: u32, key: Key) -> Option<u32> {
+    /// The last member with a key `< k`.
+    pub(super) fn before<O: Order>(blocks: &[Block], root: u32, k: Key) -> Option<u32> {
         let mut node = root;
         let mut best = NIL;
         while node != NIL {
-            let n = &nodes[node as usize];
-            if n.key < key {
+            let b = &blocks[node as usize];
+            if O::key(b) < k {
                 best = node;
-                node = n.right;
+                node = b.right;
             } else {
-                node = n.left;
+                node = b.left;
             }
         }
         (best != NIL).then_some(best)
     }
 
-    pub(super) fn first(nodes: &[TreeNode], mut node: u32) -> Option<u32> {
+    pub(super) fn first(blocks: &[Block], mut node: u32) -> Option<u32> {
         if node == NIL {
             return None;
         }
-        while nodes[node as usize].left != NIL {
-            node = nodes[node as usize].left;
+        while blocks[node as usize].left != NIL {
+            node = blocks[node as usize].left;
         }
         Some(node)
     }
 
-    pub(super) fn last(nodes: &[TreeNode], mut node: u32) -> Option<u32> {
+    pub(super) fn last(blocks: &[Block], mut node: u32) -> Option<u32> {
         if node == NIL {
             return None;
         }
-        while nodes[node as usize].right != NIL {
-            node = nodes[node as usize].right;
+        while blocks[node as usize].right != NIL {
+            node = blocks[node as usize].right;
         }
         Some(node)
     }
 
-    pub(super) fn in_order(nodes: &[TreeNode], root: u32, out: &mut Vec<u32>) {
+    pub(super) fn in_order(blocks: &[Block], root: u32, out: &mut Vec<u32>) {
         let mut stack = Vec::new();
         let mut node = root;
         while node != NIL || !stack.is_empty() {
             while node != NIL {
                 stack.push(node);
-                node = nodes[node as usize].left;
+                node = blocks[node as usize].left;
             }
             if let Some(top) = stack.pop() {
                 out.push(top);
-                node = nodes[top as usize].right;
+                node = blocks[top as usize].right;
             }
         }
     }
 
-    /// Checks shape, balance, ordering and that stored keys are the blocks' current keys;
-    /// returns (height, members).
-    pub(super) fn check(
-        blocks: &Blocks,
+    /// Checks shape, balance and ordering; returns (height, members).
+    pub(super) fn check<O: Order>(
+        blocks: &[Block],
         node: u32,
         lo: Option<Key>,
         hi: Option<Key>,
-        key_of: &dyn Fn(&Block) -> Key,
     ) -> Result<(u8, usize), String> {
         if node == NIL {
             return Ok((0, 0));
         }
-        let n = blocks.nodes[node as usize];
-        if n.key != key_of(&blocks[node]) {
-            return Err(format!("block {node} changed its key while in a set"));
+        let b = &blocks[node as usize];
+        let k = O::key(b);
+        if lo.is_some_and(|lo| k <= lo) || hi.is_some_and(|hi| k >= hi) {
+            return Err(format!("block {node} out of order in its set (its key changed while in it?)"));
         }
-        if lo.is_some_and(|lo| n.key <= lo) || hi.is_some_and(|hi| n.key >= hi) {
-            return Err(format!("block {node} out of order in its set"));
-        }
-        let (lh, ln) = check(blocks, n.left, lo, Some(n.key), key_of)?;
-        let (rh, rn) = check(blocks, n.right, Some(n.key), hi, key_of)?;
-        if lh.abs_diff(rh) > 1 || n.height != lh.max(rh) + 1 {
+        let (lh, ln) = check::<O>(blocks, b.left, lo, Some(k))?;
+        let (rh, rn) = check::<O>(blocks, b.right, Some(k), hi)?;
+        if lh.abs_diff(rh) > 1 || b.height != lh.max(rh) + 1 {
             return Err(format!("set node {node} unbalanced"));
         }
         Ok((lh.max(rh) + 1, ln + rn + 1))
     }
 
     #[inline]
-    fn height(nodes: &[TreeNode], node: u32) -> u8 {
-        if node == NIL { 0 } else { nodes[node as usize].height }
+    fn height(blocks: &[Block], node: u32) -> u8 {
+        if node == NIL { 0 } else { blocks[node as usize].height }
     }
 
     #[inline]
-    fn update(nodes: &mut [TreeNode], node: u32) {
-        let n = nodes[node as usize];
-        nodes[node as usize].height = height(nodes, n.left).max(height(nodes, n.right)) + 1;
+    fn update(blocks: &mut [Block], node: u32) {
+        let (l, r) = (blocks[node as usize].left, blocks[node as usize].right);
+        blocks[node as usize].height = height(blocks, l).max(height(blocks, r)) + 1;
     }
 
-    fn rotate_right(nodes: &mut [TreeNode], node: u32) -> u32 {
-        let left = nodes[node as usize].left;
-        nodes[node as usize].left = nodes[left as usize].right;
-        nodes[left as usize].right = node;
-        update(nodes, node);
-        update(nodes, left);
+    fn rotate_right(blocks: &mut [Block], node: u32) -> u32 {
+        let left = blocks[node as usize].left;
+        blocks[node as usize].left = blocks[left as usize].right;
+        blocks[left as usize].right = node;
+        update(blocks, node);
+        update(blocks, left);
         left
     }
 
-    fn rotate_left(nodes: &mut [TreeNode], node: u32) -> u32 {
-        let right = nodes[node as usize].right;
-        nodes[node as usize].right = nodes[right as usize].left;
-        nodes[right as usize].left = node;
-        update(nodes, node);
-        update(nodes, right);
+    fn rotate_left(blocks: &mut [Block], node: u32) -> u32 {
+        let right = blocks[node as usize].right;
+        blocks[node as usize].right = blocks[right as usize].left;
+        blocks[right as usize].left = node;
+        update(blocks, node);
+        update(blocks, right);
         right
     }
 
-    fn rebalance(nodes: &mut [TreeNode], node: u32) -> u32 {
-        update(nodes, node);
-        let n = nodes[node as usize];
-        let balance = i16::from(height(nodes, n.left)) - i16::from(height(nodes, n.right));
+    fn rebalance(blocks: &mut [Block], node: u32) -> u32 {
+        update(blocks, node);
+        let (l, r) = (blocks[node as usize].left, blocks[node as usize].right);
+        let balance = i16::from(height(blocks, l)) - i16::from(height(blocks, r));
         if balance > 1 {
-            let l = nodes[n.left as usize];
-            if height(nodes, l.left) < height(nodes, l.right) {
-                nodes[node as usize].left = rotate_left(nodes, n.left);
+            if height(blocks, blocks[l as usize].left) < height(blocks, blocks[l as usize].right) {
+                blocks[node as usize].left = rotate_left(blocks, l);
             }
-            return rotate_right(nodes, node);
+            return rotate_right(blocks, node);
         }
         if balance < -1 {
-            let r = nodes[n.right as usize];
-            if height(nodes, r.right) < height(nodes, r.left) {
-                nodes[node as usize].right = rotate_right(nodes, n.right);
+            if height(blocks, blocks[r as usize].right) < height(blocks, blocks[r as usize].left) {
+                blocks[node as usize].right = rotate_right(blocks, r);
             }
-            return rotate_left(nodes, node);
+            return rotate_left(blocks, node);
         }
         node
     }
 
     /// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum).
-    fn remove_min(nodes: &mut [TreeNode], node: u32) -> (u32, u32) {
-        let left = nodes[node as usize].left;
+    fn remove_min(blocks: &mut [Block], node: u32) -> (u32, u32) {
+        let left = blocks[node as usize].left;
         if left == NIL {
-            return (nodes[node as usize].right, node);
+            return (blocks[node as usize].right, node);
         }
-        let (rest, min) = remove_min(nodes, left);
-        nodes[node as usize].left = rest;
-        (rebalance(nodes, node), min)
+        let (rest, min) = remove_min(blocks, left);
+        blocks[node as usize].left = rest;
+        (rebalance(blocks, node), min)
     }
 }
 

@@ -47,10 +47,10 @@ impl<B: Backend> CachingAllocator<B> {
                 break;
             }
             let prev = self.blocks[unmapped].prev;
-            let start = if prev != NIL && self.blocks[prev].is_allocatable() { prev } else { unmapped };
+            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
             let mut bytes = 0;
             let mut b = start;
-            while bytes < size && b != NIL && self.blocks[b].is_allocatable() {
+            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
                 bytes += self.blocks[b].size;
                 b = self.blocks[b].next;
             }

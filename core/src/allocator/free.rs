@@ -24,25 +24,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let id = self.live_block(&allocation)?;
         // Record the events first: if the device fails, the block stays allocated and intact.
-        let uses = self.blocks[id].stream_uses.take().map(|u| *u).unwrap_or_default();
-        let mut events = Vec::with_capacity(uses.len());
-        for &stream in &uses {
-            match self.backend.record_event(stream) {
-                Ok(event) => events.push((stream, event)),
-                Err(error) => {
-                    for (_, event) in events {
-                        self.backend.release_event(event);
-                    }
-                    self.blocks[id].stream_uses = Some(Box::new(uses));
-                    return Err(error.into());
-                }
-            }
-        }
+        let events = self.record_free_events(id)?;
 
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
-        let block_context = b.context();
+        let block_context = if self.contexts_used { self.blocks.context(id) } else { None };
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         let context = self.current_context.or(block_context);
@@ -53,12 +40,37 @@ impl<B: Backend> CachingAllocator<B> {
         if events.is_empty() {
             self.free_block(id);
         } else {
-            self.blocks[id].event_count += events.len() as u32;
+            // record_stream keeps the set below u16::MAX streams.
+            self.blocks[id].event_count += events.len() as u16;
             for (stream, event) in events {
                 self.events.entry(stream).or_default().push_back((event, id));
             }
         }
         Ok(())
+    }
+
+    /// Records an event on every stream that used block `id` (`insert_events`), taking its
+    /// stream uses. If the device fails, the recorded events are returned and the block keeps
+    /// its uses, unchanged.
+    fn record_free_events(&mut self, id: u32) -> Result<Vec<(StreamId, B::Event)>, AllocatorError> {
+        if !self.blocks.cold(id).stream_uses.as_ref().is_some_and(|u| !u.is_empty()) {
+            return Ok(Vec::new());
+        }
+        let uses = self.blocks.cold_mut(id).stream_uses.take().map(|u| *u).unwrap_or_default();
+        let mut events = Vec::with_capacity(uses.len());
+        for &stream in &uses {
+            match self.backend.record_event(stream) {
+                Ok(event) => events.push((stream, event)),
+                Err(error) => {
+                    for (_, event) in events {
+                        self.backend.release_event(event);
+                    }
+                    self.blocks.cold_mut(id).stream_uses = Some(Box::new(uses));
+                    return Err(error.into());
+                }
+            }
+        }
+        Ok(events)
     }
 
     /// `record_stream`: the block is also used on `stream`, so when it is freed it is not
@@ -68,9 +80,18 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(());
         }
         let id = self.live_block(allocation)?;
-        let b = &mut self.blocks[id];
-        if stream != b.stream {
-            b.add_stream_use(stream);
+        if stream != self.blocks[id].stream {
+            let uses = self.blocks.cold_mut(id).stream_uses.get_or_insert_with(Default::default);
+            if !uses.contains(&stream) {
+                if uses.len() >= usize::from(u16::MAX) {
+                    return Err(AllocatorError::Unsupported(format!(
+                        "record_stream: the block at {:#x} is already used on {} streams",
+                        allocation.address(),
+                        uses.len()
+                    )));
+                }
+                uses.push(stream);
+            }
         }
         Ok(())
     }
@@ -132,13 +153,17 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `free_block`: the block goes back to its pool, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
+        debug_assert!(self.blocks.is_allocatable(id) && self.blocks[id].location == Location::Active);
         let b = &self.blocks[id];
-        debug_assert!(b.is_allocatable() && b.location == Location::Active);
         let (ptr, requested, stream, pool, expandable) = (b.ptr, b.requested_size, b.stream, b.pool, b.expandable);
         let original_size = b.size;
-        let context = self.current_context.or(b.context());
-        self.record(TraceAction::FreeCompleted, ptr, requested, stream, context);
-        self.blocks[id].set_context(None);
+        if self.contexts_used {
+            let context = self.current_context.or(self.blocks.context(id));
+            self.record(TraceAction::FreeCompleted, ptr, requested, stream, context);
+            self.blocks.cold_mut(id).context = NIL;
+        } else {
+            self.record(TraceAction::FreeCompleted, ptr, requested, stream, None);
+        }
 
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -172,7 +197,7 @@ impl<B: Backend> CachingAllocator<B> {
             return 0;
         }
         let s = &self.blocks[src];
-        if !s.is_allocatable() || s.mapped != self.blocks[dst].mapped || s.location == Location::Active {
+        if !self.blocks.is_allocatable(src) || s.mapped != self.blocks[dst].mapped || s.location == Location::Active {
             return 0;
         }
         let (src_ptr, src_size, src_prev, src_next, src_mapped) = (s.ptr, s.size, s.prev, s.next, s.mapped);

@@ -129,7 +129,7 @@ impl<B: Backend> CachingAllocator<B> {
                         size: b.size,
                         requested_size: b.requested_size,
                         state,
-                        context: if state == BlockState::Inactive { None } else { b.context() },
+                        context: if state == BlockState::Inactive { None } else { self.blocks.context(id) },
                     });
                     id = b.next;
                 }
@@ -275,7 +275,7 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         let pending: u32 = self.events.values().map(|q| q.len() as u32).sum();
-        let counted: u32 = self.blocks.iter().map(|(_, b)| b.event_count).sum();
+        let counted: u32 = self.blocks.iter().map(|(_, b)| u32::from(b.event_count)).sum();
         if pending != counted {
             return Err(format!("{pending} events outstanding but blocks count {counted}"));
         }

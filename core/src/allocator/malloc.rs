@@ -84,6 +84,7 @@ impl<B: Backend> CachingAllocator<B> {
         };
         if gc {
             pool.free_blocks_call_count += 1;
+            self.gc_clock_started = true;
         }
         let stream = request.stream;
         let mut it = pool.free.lower_bound(&self.blocks, stream, request.size)?;
@@ -182,10 +183,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
 
         let context = self.current_context;
+        if self.contexts_used {
+            self.blocks.cold_mut(block).context = context.map_or(NIL, |c| c.0);
+        }
         let b = &mut self.blocks[block];
         b.allocated = true;
         b.requested_size = requested;
-        b.set_context(context);
         b.location = Location::Active;
         b.generation = b.generation.wrapping_add(1);
         let (ptr, size, stream, generation) = (b.ptr, b.size, b.stream, b.generation);

@@ -119,6 +119,11 @@ pub struct CachingAllocator<B: Backend> {
     current_annotation: Option<AnnotationId>,
     /// The device limit named by the last refused device allocation, for the OOM message.
     last_device_limit: Option<String>,
+    /// Whether a stack was ever set: until then blocks carry none and nothing is written.
+    contexts_used: bool,
+    /// Whether the garbage collector's clock ever ticked: until then every block's insertion
+    /// time is 0, which the cold parts already hold.
+    gc_clock_started: bool,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -146,6 +151,8 @@ impl<B: Backend> CachingAllocator<B> {
             current_context: None,
             current_annotation: None,
             last_device_limit: None,
+            contexts_used: false,
+            gc_clock_started: false,
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -296,6 +303,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// The stack that following calls are made from (recorded in trace entries and in blocks);
     /// `None` lets frees report the stack of the allocation instead, as PyTorch does.
     pub fn set_context(&mut self, context: Option<ContextId>) {
+        self.contexts_used |= context.is_some();
         self.current_context = context;
     }
 
@@ -307,6 +315,7 @@ impl<B: Backend> CachingAllocator<B> {
             return false;
         }
         self.contexts = table;
+        self.contexts_used = true;
         true
     }
 
@@ -372,7 +381,9 @@ impl<B: Backend> CachingAllocator<B> {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         };
-        self.blocks[id].gc_count_base = pool.free_blocks_call_count;
+        if self.gc_clock_started {
+            self.blocks.cold_mut(id).gc_count_base = pool.free_blocks_call_count;
+        }
         self.blocks[id].location = Location::Free;
         pool.free.insert(&mut self.blocks, id);
     }
@@ -477,6 +488,8 @@ where
             current_context: self.current_context,
             current_annotation: self.current_annotation,
             last_device_limit: self.last_device_limit.clone(),
+            contexts_used: self.contexts_used,
+            gc_clock_started: self.gc_clock_started,
         }
     }
 }

@@ -130,15 +130,14 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let target = self.total_allocated_memory - threshold;
         let clock = self.large.free_blocks_call_count;
-        let age = |b: &crate::block::Block| clock - b.gc_count_base;
+        let age = |blocks: &crate::block::Blocks, id: u32| clock - blocks.cold(id).gc_count_base;
         let collectable = |b: &crate::block::Block| !b.is_split() && !b.expandable;
 
         let mut total_age: i64 = 0;
         let mut count: i64 = 0;
         for id in self.large.free.to_vec(&self.blocks) {
-            let b = &self.blocks[id];
-            if collectable(b) {
-                total_age += age(b);
+            if collectable(&self.blocks[id]) {
+                total_age += age(&self.blocks, id);
                 count += 1;
             }
         }
@@ -150,10 +149,10 @@ impl<B: Backend> CachingAllocator<B> {
             // Don't stop at the target within a pass: GC should not run again soon.
             for id in self.large.free.to_vec(&self.blocks) {
                 let b = &self.blocks[id];
-                if collectable(b) && age(b) as f64 >= average {
+                if collectable(b) && age(&self.blocks, id) as f64 >= average {
                     freed_any = true;
                     reclaimed += b.size;
-                    total_age -= age(b);
+                    total_age -= age(&self.blocks, id);
                     count -= 1;
                     self.release_block(id)?;
                 }
