@@ -53,7 +53,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// stream uses. If the device fails, the recorded events are returned and the block keeps
     /// its uses, unchanged.
     fn record_free_events(&mut self, id: u32) -> Result<Vec<(StreamId, B::Event)>, AllocatorError> {
-        if !self.blocks.cold(id).stream_uses.as_ref().is_some_and(|u| !u.is_empty()) {
+        if self.blocks.cold(id).stream_uses.as_ref().is_none_or(|u| u.is_empty()) {
             return Ok(Vec::new());
         }
         let uses = self.blocks.cold_mut(id).stream_uses.take().map(|u| *u).unwrap_or_default();
