@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         allocator.set_context(Some(stacks[(x % 16) as usize]));
         if live.len() < 2000 && (live.is_empty() || x % 100 < 52) {
             // Log-uniform sizes from 512 B to 64 MiB.
-            let size = 512u64 << (x >> 8) % 17;
+            let size = 512u64 << ((x >> 8) % 17);
             let size = size + (x >> 32) % size;
             match allocator.malloc(size, StreamId::DEFAULT) {
                 Ok(a) => live.push(a),
@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let victim = live.swap_remove((x >> 16) as usize % live.len());
             allocator.free(victim)?;
         }
-        if x % 50_000 == 0 {
+        if x.is_multiple_of(50_000) {
             allocator.empty_cache()?;
         }
     }
