@@ -505,3 +505,19 @@ impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The allocator moves between threads (behind `SharedAllocator`, or owned by one thread
+    /// at a time) whenever its backend can.
+    #[test]
+    fn allocator_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<CachingAllocator<crate::SimBackend>>();
+        assert_send::<crate::SharedAllocator<crate::SimBackend>>();
+        fn assert_sync<T: Sync>() {}
+        assert_sync::<crate::SharedAllocator<crate::SimBackend>>();
+    }
+}

@@ -1,0 +1,108 @@
+//! The `cachalot` command line as a user runs it: outputs, exit statuses (0 match, 1 mismatch,
+//! 2 bad input) and errors that name the file and the place.
+
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn cachalot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachalot")).args(args).output().unwrap()
+}
+
+fn traces() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200")
+}
+
+fn trace(name: &str) -> String {
+    traces().join(format!("{name}.pickle")).display().to_string()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn replay_check_matches_every_reference_trace() {
+    let mut args = vec!["replay".to_owned(), "--check".to_owned()];
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(traces()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "pickle") {
+            names.push(path.file_stem().unwrap().to_string_lossy().into_owned());
+            args.push(path.display().to_string());
+        }
+    }
+    assert_eq!(names.len(), 9);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = cachalot(&refs);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for name in names {
+        assert!(stdout.contains(&format!("MATCH {name}\n")), "{name}: {stdout}");
+    }
+    // Not a terminal: no progress bar drawing.
+    assert!(!text(&out.stderr).contains('\u{1b}'), "escape codes on a non-terminal");
+}
+
+#[test]
+fn a_mismatch_exits_1_and_names_the_first_difference() {
+    let out = cachalot(&["replay", "--check", "--config", "", &trace("random_stress_maxsplit")]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("MISMATCH random_stress_maxsplit: entry "), "{stdout}");
+}
+
+#[test]
+fn bad_files_exit_2_with_the_file_and_place() {
+    let dir = std::env::temp_dir().join(format!("cachalot-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.pickle");
+    std::fs::write(&garbage, b"not a snapshot at all").unwrap();
+    let truncated = dir.join("truncated.pickle");
+    let bytes = std::fs::read(trace("gpt_train")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    for (file, fragment) in [(&garbage, "not a cachalot snapshot"), (&truncated, "byte ")] {
+        let out = cachalot(&["replay", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", file.display());
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(&*file.display().to_string()) && stderr.contains(fragment), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let missing = cachalot(&["summary", dir.join("missing.pickle").to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(2));
+    let bad_config = cachalot(&["replay", "--config", "bogus:1", &trace("seeds")]);
+    assert_eq!(bad_config.status.code(), Some(2));
+    assert!(text(&bad_config.stderr).contains("Unrecognized key 'bogus'"), "{}", text(&bad_config.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn summary_and_stats_of_a_trace_end_state() {
+    let out = cachalot(&["summary", &trace("seeds")]);
+    assert!(out.status.success());
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(traces().join("seeds.expected.json")).unwrap()).unwrap();
+    assert_eq!(text(&out.stdout), expected["memory_summary"].as_str().unwrap());
+
+    let out = cachalot(&["stats", "--json", &trace("seeds")]);
+    assert!(out.status.success());
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats, expected["memory_stats"]);
+}
+
+#[test]
+fn replay_writes_snapshots_in_both_formats() {
+    let dir = std::env::temp_dir().join(format!("cachalot-cli-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("seeds.json");
+    let pickle = dir.join("seeds.pickle");
+    for out_file in [&json, &pickle] {
+        let out = cachalot(&["replay", &trace("seeds"), "--out", out_file.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // Both describe the same end state: their summaries agree with PyTorch's.
+    let summary = |f: &PathBuf| text(&cachalot(&["summary", f.to_str().unwrap()]).stdout);
+    assert_eq!(summary(&json), summary(&pickle));
+    std::fs::remove_dir_all(&dir).ok();
+}
