@@ -72,7 +72,11 @@ pub enum ReplayError {
         available: usize,
     },
     /// A free of an address with no live allocation.
-    #[error("device_traces[{device}][{index}]: {action} of {addr:#x}, which is not allocated at that point")]
+    #[error(
+        "device_traces[{device}][{index}]: {action} of {addr:#x}, which is not allocated at that point \
+         (a replay needs the whole history: was recording started after allocations, or did the \
+         ring buffer of max_entries drop the oldest entries?)"
+    )]
     UnknownAddress {
         /// Device trace.
         device: usize,
