@@ -103,6 +103,20 @@ pub fn allocation_size(rounded_size: u64, large_segment_size: u64) -> u64 {
     }
 }
 
+/// `should_split`: whether a free block of `block_size` bytes that serves a request rounded to
+/// `rounded` bytes is split, its remainder becoming a free block of its own. Small pool, and
+/// every block while expandable segments are on: a remainder of at least 512 bytes. Large pool:
+/// a remainder of more than 1 MiB, and never for oversize requests (`>= max_split_size`).
+#[inline]
+pub fn should_split(pool: PoolKind, expandable: bool, max_split_size: u64, block_size: u64, rounded: u64) -> bool {
+    let remaining = block_size.saturating_sub(rounded);
+    if pool == PoolKind::Small || expandable {
+        remaining >= MIN_BLOCK_SIZE
+    } else {
+        rounded < max_split_size && remaining > SMALL_SIZE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

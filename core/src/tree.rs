@@ -332,57 +332,78 @@ mod avl {
         b.right = NIL;
         b.height = 1;
         let k = O::key(b);
-        insert_below::<O>(blocks, root, id, k)
+        insert_below::<O>(blocks, root, id, k).0
     }
 
-    fn insert_below<O: Order>(blocks: &mut [Block], node: u32, id: u32, k: Key) -> u32 {
+    /// Inserts below `node`; returns the subtree's new root and whether it grew. Above the
+    /// first subtree that did not grow nothing changes but a link, so the walk back up stops
+    /// touching heights there (most inserts rebalance one or two levels, not all of them).
+    fn insert_below<O: Order>(blocks: &mut [Block], node: u32, id: u32, k: Key) -> (u32, bool) {
         if node == NIL {
-            return id;
+            return (id, true);
         }
-        if k < key::<O>(blocks, node) {
-            let left = insert_below::<O>(blocks, blocks[node as usize].left, id, k);
+        let grew = if k < key::<O>(blocks, node) {
+            let (left, grew) = insert_below::<O>(blocks, blocks[node as usize].left, id, k);
             blocks[node as usize].left = left;
+            grew
         } else {
-            let right = insert_below::<O>(blocks, blocks[node as usize].right, id, k);
+            let (right, grew) = insert_below::<O>(blocks, blocks[node as usize].right, id, k);
             blocks[node as usize].right = right;
+            grew
+        };
+        if !grew {
+            return (node, false);
         }
-        rebalance(blocks, node)
+        let before = blocks[node as usize].height;
+        let root = rebalance(blocks, node);
+        (root, blocks[root as usize].height > before)
     }
 
     /// Removes `id`; returns the new root and whether it was found.
     pub(super) fn remove<O: Order>(blocks: &mut [Block], root: u32, id: u32) -> (u32, bool) {
         let mut found = false;
         let k = key::<O>(blocks, id);
-        let root = remove_below::<O>(blocks, root, k, &mut found);
+        let (root, _) = remove_below::<O>(blocks, root, k, &mut found);
         (root, found)
     }
 
-    fn remove_below<O: Order>(blocks: &mut [Block], node: u32, k: Key, found: &mut bool) -> u32 {
+    /// Removes the member with key `k` below `node`; returns the subtree's new root and whether
+    /// it shrank (as for inserts, an unchanged height ends the rebalancing).
+    fn remove_below<O: Order>(blocks: &mut [Block], node: u32, k: Key, found: &mut bool) -> (u32, bool) {
         if node == NIL {
-            return NIL;
+            return (NIL, false);
         }
         let here = key::<O>(blocks, node);
         let (left, right) = (blocks[node as usize].left, blocks[node as usize].right);
-        if k < here {
-            let left = remove_below::<O>(blocks, left, k, found);
+        let shrank = if k < here {
+            let (left, shrank) = remove_below::<O>(blocks, left, k, found);
             blocks[node as usize].left = left;
+            shrank
         } else if k > here {
-            let right = remove_below::<O>(blocks, right, k, found);
+            let (right, shrank) = remove_below::<O>(blocks, right, k, found);
             blocks[node as usize].right = right;
+            shrank
         } else {
             *found = true;
             if left == NIL {
-                return right;
+                return (right, true);
             }
             if right == NIL {
-                return left;
+                return (left, true);
             }
-            let (rest, min) = remove_min(blocks, right);
+            let before = blocks[node as usize].height;
+            let (rest, min, _) = remove_min(blocks, right);
             blocks[min as usize].left = left;
             blocks[min as usize].right = rest;
-            return rebalance(blocks, min);
+            let root = rebalance(blocks, min);
+            return (root, blocks[root as usize].height < before);
+        };
+        if !shrank {
+            return (node, false);
         }
-        rebalance(blocks, node)
+        let before = blocks[node as usize].height;
+        let root = rebalance(blocks, node);
+        (root, blocks[root as usize].height < before)
     }
 
     /// The first member with a key `>= k`.
@@ -540,15 +561,21 @@ mod avl {
         node
     }
 
-    /// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum).
-    fn remove_min(blocks: &mut [Block], node: u32) -> (u32, u32) {
+    /// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum,
+    /// whether the subtree shrank).
+    fn remove_min(blocks: &mut [Block], node: u32) -> (u32, u32, bool) {
         let left = blocks[node as usize].left;
         if left == NIL {
-            return (blocks[node as usize].right, node);
+            return (blocks[node as usize].right, node, true);
         }
-        let (rest, min) = remove_min(blocks, left);
+        let (rest, min, shrank) = remove_min(blocks, left);
         blocks[node as usize].left = rest;
-        (rebalance(blocks, node), min)
+        if !shrank {
+            return (node, min, false);
+        }
+        let before = blocks[node as usize].height;
+        let root = rebalance(blocks, node);
+        (root, min, blocks[root as usize].height < before)
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use cachalot_core::MemoryStats;
 
 fn traces_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
 }
 
 #[test]

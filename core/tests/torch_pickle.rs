@@ -17,7 +17,7 @@ use cachalot_core::{BlockState, StreamId};
 use proptest::prelude::*;
 use serde_json::Value as Json;
 
-const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/pytorch-2.11-h200");
+const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/traces/pytorch-2.11-h200");
 const FACTS: &str = include_str!("data/torch_pickle_facts.json");
 
 fn facts() -> Vec<Json> {
@@ -27,7 +27,7 @@ fn facts() -> Vec<Json> {
 fn reference(name: &str) -> Vec<u8> {
     let path = Path::new(TRACES).join(format!("{name}.pickle"));
     std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (the reference traces must be checked out as shared/ beside the repository)", path.display())
+        panic!("{}: {e} (the reference traces are in testdata/traces of the repository)", path.display())
     })
 }
 

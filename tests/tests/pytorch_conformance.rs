@@ -11,8 +11,13 @@ use cachalot_core::AllocatorConfig;
 use cachalot_core::replay::{ExpectedRun, ReplayOptions, check, replay};
 use cachalot_core::snapshot::pickle::read_snapshot;
 
+/// The vendored copy of `../shared/traces/pytorch-2.11-h200` (see `testdata/README.md`).
+fn vendored() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
+}
+
 fn traces() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200");
+    let dir = vendored();
     let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
         .map(|e| e.unwrap().path())
@@ -59,4 +64,23 @@ fn a_wrong_configuration_is_caught() {
         let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
         assert!(check(&snapshot, &outcome, Some(&expected)).is_err(), "{name} under {wrong:?} must not match");
     }
+}
+
+/// The copy in `testdata/` is byte for byte the project's ground truth wherever that is checked
+/// out beside the repository.
+#[test]
+fn vendored_traces_equal_the_shared_ground_truth() {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200");
+    if !shared.exists() {
+        eprintln!("no ../shared/traces beside the repository: nothing to compare the vendored copy with");
+        return;
+    }
+    let mut compared = 0;
+    for entry in std::fs::read_dir(&shared).unwrap() {
+        let path = entry.unwrap().path();
+        let copy = vendored().join(path.file_name().unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(&copy).unwrap(), "{}", copy.display());
+        compared += 1;
+    }
+    assert_eq!(compared, 18, "nine pickles and nine expected.json files");
 }

@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use cachalot_core::Snapshot;
 use cachalot_core::ops::OpFile;
 use cachalot_core::snapshot::pickle;
 use cachalot_core::snapshot::torch::TorchSnapshot;
-use cachalot_core::Snapshot;
 
 /// A file as it was recognised.
 pub enum Input {

@@ -38,6 +38,14 @@ enum Command {
     },
     /// Replay PyTorch traces on the simulator; --check compares with what PyTorch recorded.
     Replay(cli::replay::ReplayArgs),
+    /// Run an experiment on CUDA, wgpu or the simulator: marks, memory_summary() and a snapshot.
+    Run(cli::run::RunArgs),
+    /// Put runs (snapshots of `run`, PyTorch's expected.json) side by side, with the reasons they differ.
+    Compare(cli::compare::CompareArgs),
+    /// Open the pool viewer (or render it headless with --screenshot, or time it with --bench).
+    View(cli::view::ViewArgs),
+    /// Serve the web viewer (built by scripts/build-web.sh) on localhost.
+    Serve(cli::serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +54,10 @@ fn main() -> ExitCode {
         Command::Summary { source, abbreviated, device } => cli::report::summary(source, *abbreviated, *device),
         Command::Stats { source, json } => cli::report::stats(source, *json),
         Command::Replay(args) => cli::replay::run(args),
+        Command::Run(args) => cli::run::run(args),
+        Command::Compare(args) => cli::compare::run(args),
+        Command::View(args) => cli::view::run(args),
+        Command::Serve(args) => cli::serve::run(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,7 +11,7 @@ fn cachalot(args: &[&str]) -> Output {
 }
 
 fn traces() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch-2.11-h200")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
 }
 
 fn trace(name: &str) -> String {

@@ -5,7 +5,7 @@ use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, Location, NIL, Segment};
 use crate::error::{AllocatorError, OomText, OutOfMemoryError};
-use crate::size::{MAX_REQUEST, MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE, allocation_size, round_size};
+use crate::size::{MAX_REQUEST, PoolKind, allocation_size, round_size};
 use crate::trace::TraceAction;
 
 /// What one `malloc` is looking for (PyTorch's `AllocParams`).
@@ -139,12 +139,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// `should_split`: small pool or expandable mode keep a remainder of at least 512 bytes;
     /// the large pool only one of more than 1 MiB, and never for oversize blocks.
     fn should_split(&self, block: u32, request: &Request) -> bool {
-        let remaining = self.blocks[block].size - request.size;
-        if request.pool == PoolKind::Small || request.expandable {
-            remaining >= MIN_BLOCK_SIZE
-        } else {
-            request.size < self.config.max_split_size_raw() && remaining > SMALL_SIZE
-        }
+        let max_split = self.config.max_split_size_raw();
+        crate::size::should_split(request.pool, request.expandable, max_split, self.blocks[block].size, request.size)
     }
 
     /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,

@@ -10,8 +10,8 @@ Regenerate with (plain Python 3, no torch needed):
 The second writes `seeds.protocolN.pickle`: the `seeds` snapshot as Python's `pickle` writes it
 in protocols 0, 1, 2, 3 and 5 (PyTorch's file is protocol 4).
 
-The traces directory defaults to ../../../../shared/traces/pytorch-2.11-h200 relative to this
-script (the `shared/` checkout beside the repository); pass another one as the first argument.
+The traces directory defaults to ../../../testdata/traces/pytorch-2.11-h200 relative to this
+script (the repository's copy of shared/traces); pass another one as the first argument.
 """
 
 import collections
@@ -143,7 +143,7 @@ def write_fixtures(traces, out):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    traces = os.path.join(here, "..", "..", "..", "..", "shared", "traces", "pytorch-2.11-h200")
+    traces = os.path.join(here, "..", "..", "..", "testdata", "traces", "pytorch-2.11-h200")
     if sys.argv[1:2] == ["--fixtures"]:
         write_fixtures(traces, sys.argv[2])
         return

@@ -1,7 +1,11 @@
 //! The `cachalot` subcommands.
 
+pub mod compare;
 pub mod replay;
 pub mod report;
+pub mod run;
+pub mod serve;
+pub mod view;
 
 /// A failure of a command: its message and the exit status it should give.
 #[derive(Debug)]

@@ -93,7 +93,10 @@ pub fn run(args: &ReplayArgs) -> Outcome {
         }
     }
     if mismatches > 0 {
-        return Err(Failure { status: 1, error: anyhow!("{mismatches} of {} traces did not match", args.traces.len()) });
+        return Err(Failure {
+            status: 1,
+            error: anyhow!("{mismatches} of {} traces did not match", args.traces.len()),
+        });
     }
     Ok(())
 }

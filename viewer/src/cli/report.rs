@@ -38,8 +38,8 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
             if let Some(total) = args.device_total {
                 options.device_total = total;
             }
-            let outcome = replay(&snapshot, &options, |_, _| {})
-                .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+            let outcome =
+                replay(&snapshot, &options, |_, _| {}).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
             Ok(outcome.allocator.stats().clone())
         }
         Input::Ops(ops) => {

@@ -39,7 +39,7 @@ pub fn allocator_and_kernels(
 pub fn shared_dir() -> PathBuf {
     match std::env::var_os("CACHALOT_SHARED_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata"),
     }
 }
 

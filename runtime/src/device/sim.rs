@@ -1,0 +1,601 @@
+//! The simulator as a device: `SimBackend`'s deterministic addresses plus host memory behind
+//! every segment, and the CPU reference kernels, so a simulated run computes real numbers and
+//! serves as the CPU reference of the GPU runs.
+//!
+//! A [`SimProfile`] says which real device the run stands for. `cuda-sm90` follows the CUDA
+//! device: one stream, PyTorch 2.11's 32 MiB cuBLAS and 1 MiB cuBLASLt workspaces on the first
+//! products, an H200's memory — so `seeds` on it gives PyTorch's marks with no GPU. `wgpu`
+//! follows the wgpu device: operands recorded on the queue stream and the wgpu backend's
+//! default capacity — so its allocator events equal a wgpu run's.
+
+use std::collections::BTreeMap;
+
+use cachalot_core::{
+    Allocation, AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId,
+};
+use cachalot_shaders::{Adam, MatmulShape, Sgd, cpu as reference};
+
+use super::{Activation, AllocatorOps, BackendKind, Device, QUEUE_STREAM, StreamDiscipline, Workspaces, cpu};
+use crate::error::RuntimeError;
+
+/// Total memory of the H200 the reference traces were recorded on (`torch.cuda.get_device_properties(0).total_memory`).
+pub const H200_MEMORY: u64 = 150_109_880_320;
+/// Total memory of an 80 GB A100.
+pub const A100_MEMORY: u64 = 85_095_874_560;
+
+/// What real device a simulated run stands for.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SimProfile {
+    /// Name (`cuda-sm90`, `cuda-sm80`, `wgpu`).
+    pub name: String,
+    /// When freed blocks become reusable.
+    pub discipline: StreamDiscipline,
+    /// cuBLAS / cuBLASLt workspaces of the first products, if modelled.
+    pub workspaces: Option<Workspaces>,
+    /// Device memory in bytes.
+    pub capacity: u64,
+    /// Largest segment the device allows (wgpu's `max_buffer_size`), if limited.
+    pub max_segment_size: Option<u64>,
+}
+
+impl SimProfile {
+    /// The profile names [`SimProfile::by_name`] knows.
+    pub const NAMES: [&'static str; 3] = ["cuda-sm90", "cuda-sm80", "wgpu"];
+
+    /// PyTorch 2.11 on a Hopper GPU (an H200): default stream, 32 MiB + 1 MiB workspaces.
+    pub fn cuda_sm90() -> Self {
+        SimProfile {
+            name: "cuda-sm90".into(),
+            discipline: StreamDiscipline::DefaultStream,
+            workspaces: Some(Workspaces::pytorch(9)),
+            capacity: H200_MEMORY,
+            max_segment_size: None,
+        }
+    }
+
+    /// PyTorch 2.11 on an Ampere GPU (an 80 GB A100): 8.125 MiB + 1 MiB workspaces.
+    pub fn cuda_sm80() -> Self {
+        SimProfile {
+            name: "cuda-sm80".into(),
+            discipline: StreamDiscipline::DefaultStream,
+            workspaces: Some(Workspaces::pytorch(8)),
+            capacity: A100_MEMORY,
+            max_segment_size: None,
+        }
+    }
+
+    /// The wgpu device: queue-stream discipline, no workspaces, the wgpu backend's default
+    /// capacity.
+    pub fn wgpu() -> Self {
+        SimProfile {
+            name: "wgpu".into(),
+            discipline: StreamDiscipline::QueueStream,
+            workspaces: None,
+            capacity: cachalot_wgpu::DEFAULT_CAPACITY,
+            max_segment_size: None,
+        }
+    }
+
+    /// A profile by name (see [`SimProfile::NAMES`]).
+    pub fn by_name(name: &str) -> Option<Self> {
+        match name {
+            "cuda-sm90" | "cuda" => Some(Self::cuda_sm90()),
+            "cuda-sm80" => Some(Self::cuda_sm80()),
+            "wgpu" | "queue" => Some(Self::wgpu()),
+            _ => None,
+        }
+    }
+}
+
+impl Default for SimProfile {
+    fn default() -> Self {
+        Self::cuda_sm90()
+    }
+}
+
+/// `SimBackend` plus host memory: every segment (or mapped page) is backed by zeroed host
+/// words, so kernels can run on the simulator's allocations. With `compute` off no memory is
+/// held and kernels are skipped, for allocation-only runs of any size.
+#[derive(Debug)]
+pub struct HostSim {
+    sim: SimBackend,
+    facts: DeviceFacts,
+    /// Host memory by start address: segments, or the pages of expandable segments.
+    memory: BTreeMap<u64, Vec<u32>>,
+    compute: bool,
+}
+
+impl HostSim {
+    /// A simulated device as `profile` describes.
+    pub fn new(profile: &SimProfile, compute: bool) -> Self {
+        let sim = SimBackend::new(profile.capacity);
+        let mut facts = sim.device().clone();
+        facts.name = format!("cachalot simulator ({} profile)", profile.name);
+        facts.max_segment_size = profile.max_segment_size;
+        facts.details = vec![
+            ("profile".into(), profile.name.clone()),
+            ("kernels".into(), if compute { "CPU reference (cachalot-shaders)" } else { "skipped" }.into()),
+        ];
+        HostSim { sim, facts, memory: BTreeMap::new(), compute }
+    }
+
+    /// Whether kernels compute.
+    pub fn computes(&self) -> bool {
+        self.compute
+    }
+
+    /// `words` 32-bit words from `address` (zeros when not computing).
+    pub fn read_words(&self, address: u64, words: usize) -> Result<Vec<u32>, RuntimeError> {
+        let mut out = vec![0u32; words];
+        if !self.compute {
+            return Ok(out);
+        }
+        let mut done = 0usize;
+        while done < words {
+            let at = address + done as u64 * 4;
+            let (start, chunk) = self.chunk(at)?;
+            let first = ((at - start) / 4) as usize;
+            let n = (chunk.len() - first).min(words - done);
+            out[done..done + n].copy_from_slice(&chunk[first..first + n]);
+            done += n;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `address` (ignored when not computing).
+    pub fn write_words(&mut self, address: u64, data: &[u32]) -> Result<(), RuntimeError> {
+        if !self.compute {
+            return Ok(());
+        }
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = address + done as u64 * 4;
+            let start = self.chunk(at)?.0;
+            let chunk = self.memory.get_mut(&start).ok_or_else(|| unknown(at))?;
+            let first = ((at - start) / 4) as usize;
+            let n = (chunk.len() - first).min(data.len() - done);
+            chunk[first..first + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn chunk(&self, address: u64) -> Result<(u64, &Vec<u32>), RuntimeError> {
+        match self.memory.range(..=address).next_back() {
+            Some((&start, chunk)) if address < start + chunk.len() as u64 * 4 => Ok((start, chunk)),
+            _ => Err(unknown(address)),
+        }
+    }
+
+    fn back(&mut self, start: u64, bytes: u64) {
+        if self.compute {
+            self.memory.insert(start, vec![0u32; (bytes / 4) as usize]);
+        }
+    }
+
+    fn unback(&mut self, start: u64, bytes: u64) {
+        let keys: Vec<u64> = self.memory.range(start..start + bytes).map(|(&k, _)| k).collect();
+        for k in keys {
+            self.memory.remove(&k);
+        }
+    }
+}
+
+fn unknown(address: u64) -> RuntimeError {
+    RuntimeError::Shape(format!("address {address:#x} is in no simulated segment"))
+}
+
+impl Backend for HostSim {
+    type Event = <SimBackend as Backend>::Event;
+
+    fn device(&self) -> &DeviceFacts {
+        &self.facts
+    }
+
+    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
+        if let Some(limit) = self.facts.max_segment_size.filter(|&l| size > l) {
+            return Err(BackendError::OutOfMemory {
+                limit: Some(format!(
+                    "max_buffer_size: a segment of {size} bytes is larger than the largest buffer of the simulated \
+                     device ({limit} bytes)"
+                )),
+            });
+        }
+        let address = self.sim.allocate_segment(size, stream)?;
+        self.back(address, size);
+        Ok(address)
+    }
+
+    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.sim.free_segment(address, size)?;
+        self.unback(address, size);
+        Ok(())
+    }
+
+    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+        self.sim.memory_info()
+    }
+
+    fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
+        self.sim.reserve_address_space(size, page_size, stream)
+    }
+
+    fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
+        self.sim.map_pages(base, offset, size)?;
+        self.back(base + offset, size);
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        self.sim.unmap_pages(base, offset, size, stream)?;
+        self.unback(base + offset, size);
+        Ok(())
+    }
+
+    fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
+        self.sim.release_address_space(base, size)
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
+        self.sim.record_event(stream)
+    }
+
+    fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
+        self.sim.query_event(event)
+    }
+
+    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
+        self.sim.synchronize_event(event)
+    }
+
+    fn release_event(&mut self, event: Self::Event) {
+        self.sim.release_event(event)
+    }
+
+    fn now_us(&mut self) -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+    }
+}
+
+/// The simulator device (see the module docs).
+#[derive(Debug)]
+pub struct SimDevice {
+    allocator: CachingAllocator<HostSim>,
+    profile: SimProfile,
+    cublas: Option<Allocation>,
+    cublaslt: Option<Allocation>,
+}
+
+impl SimDevice {
+    /// A simulated device following `profile`; `compute` runs the CPU kernels.
+    pub fn new(profile: SimProfile, config: AllocatorConfig, compute: bool) -> Result<Self, RuntimeError> {
+        let allocator = CachingAllocator::new(HostSim::new(&profile, compute), config)?;
+        Ok(SimDevice { allocator, profile, cublas: None, cublaslt: None })
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &SimProfile {
+        &self.profile
+    }
+
+    fn host(&self) -> &HostSim {
+        self.allocator.backend()
+    }
+
+    fn f32s(&self, a: &Allocation, n: u64, operand: &str) -> Result<Vec<f32>, RuntimeError> {
+        check(a, n * 4, operand)?;
+        Ok(self.host().read_words(a.address(), n as usize)?.into_iter().map(f32::from_bits).collect())
+    }
+
+    fn put(&mut self, a: &Allocation, values: &[f32], operand: &str) -> Result<(), RuntimeError> {
+        check(a, values.len() as u64 * 4, operand)?;
+        let words: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+        self.allocator.backend_mut().write_words(a.address(), &words)
+    }
+
+    fn computes_now(&self) -> bool {
+        self.host().computes()
+    }
+}
+
+/// Checks that `a` holds `bytes` (its requested size, as the CUDA kernels check).
+fn check(a: &Allocation, bytes: u64, operand: &str) -> Result<(), RuntimeError> {
+    if bytes > a.requested_size() {
+        return Err(RuntimeError::Shape(format!(
+            "operand `{operand}` needs {bytes} bytes, but its allocation holds {}",
+            a.requested_size()
+        )));
+    }
+    Ok(())
+}
+
+impl Device for SimDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+    fn allocator(&self) -> &dyn AllocatorOps {
+        &self.allocator
+    }
+    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps {
+        &mut self.allocator
+    }
+    fn discipline(&self) -> StreamDiscipline {
+        self.profile.discipline
+    }
+    fn computes(&self) -> bool {
+        self.computes_now()
+    }
+    fn workspaces(&self) -> Option<Workspaces> {
+        self.profile.workspaces
+    }
+    fn run_facts(&self) -> Vec<(String, String)> {
+        vec![("profile".into(), self.profile.name.clone())]
+    }
+    fn synchronize(&mut self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn upload(&mut self, dst: &Allocation, words: &[u32]) -> Result<(), RuntimeError> {
+        check(dst, words.len() as u64 * 4, "dst")?;
+        self.allocator.backend_mut().write_words(dst.address(), words)
+    }
+
+    fn read(&mut self, src: &Allocation, words: usize) -> Result<Vec<u32>, RuntimeError> {
+        check(src, words as u64 * 4, "src")?;
+        self.host().read_words(src.address(), words)
+    }
+
+    fn fill(&mut self, x: &Allocation, n: u64, value: f32) -> Result<(), RuntimeError> {
+        self.fill_u32(x, n, value.to_bits())
+    }
+
+    fn fill_u32(&mut self, x: &Allocation, n: u64, value: u32) -> Result<(), RuntimeError> {
+        check(x, n * 4, "x")?;
+        if self.computes_now() {
+            self.allocator.backend_mut().write_words(x.address(), &vec![value; n as usize])?;
+        }
+        Ok(())
+    }
+
+    fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError> {
+        check(y, n * 4, "y")?;
+        if !self.computes_now() {
+            return check(x, n * 4, "x");
+        }
+        let values: Vec<f32> = self.f32s(x, n, "x")?.into_iter().map(|v| alpha * v).collect();
+        self.put(y, &values, "y")
+    }
+
+    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError> {
+        check(staging, 4, "staging")?;
+        check(out, 4, "out")?;
+        if n == 0 {
+            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
+        }
+        if !self.computes_now() {
+            return check(x, n * 4, "x");
+        }
+        let mean = (cpu::sum(&self.f32s(x, n, "x")?) / n as f64) as f32;
+        self.put(out, &[mean], "out")
+    }
+
+    fn matmul(
+        &mut self,
+        a: &Allocation,
+        b: &Allocation,
+        c: &Allocation,
+        shape: MatmulShape,
+        beta: f32,
+        bias: Option<&Allocation>,
+    ) -> Result<(), RuntimeError> {
+        if shape.m == 0 || shape.n == 0 {
+            return Ok(());
+        }
+        let (ea, eb, ec) = shape.elements();
+        check(a, ea * 4, "a")?;
+        check(b, eb * 4, "b")?;
+        check(c, ec * 4, "c")?;
+        if let Some(bias) = bias {
+            check(bias, shape.n as u64 * 4, "bias")?;
+        }
+        // PyTorch's workspaces, in the CUDA device's order: cuBLAS on the first product,
+        // cuBLASLt on the first product with a bias (an empty contraction skips cuBLASLt).
+        if let Some(ws) = self.profile.workspaces {
+            if self.cublas.is_none() {
+                self.cublas = Some(self.allocator.malloc(ws.cublas, StreamId::DEFAULT)?);
+            }
+            if bias.is_some() && shape.k > 0 && self.cublaslt.is_none() {
+                self.cublaslt = Some(self.allocator.malloc(ws.cublaslt, StreamId::DEFAULT)?);
+            }
+        }
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let av = self.f32s(a, ea, "a")?;
+        let bv = self.f32s(b, eb, "b")?;
+        let mut cv = if beta != 0.0 { self.f32s(c, ec, "c")? } else { vec![0.0; ec as usize] };
+        let biasv = bias.map(|bias| self.f32s(bias, shape.n as u64, "bias")).transpose()?;
+        cpu::matmul(&av, &bv, &mut cv, shape, beta, biasv.as_deref());
+        self.put(c, &cv, "c")
+    }
+
+    fn sum_rows(
+        &mut self,
+        x: &Allocation,
+        out: &Allocation,
+        rows: u32,
+        cols: u32,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError> {
+        let n = rows as u64 * cols as u64;
+        check(x, n * 4, "x")?;
+        check(out, cols as u64 * 4, "out")?;
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let xv = self.f32s(x, n, "x")?;
+        let mut ov = if accumulate { self.f32s(out, cols as u64, "out")? } else { vec![0.0; cols as usize] };
+        reference::sum_rows(&xv, &mut ov, rows, cols, accumulate);
+        self.put(out, &ov, "out")
+    }
+
+    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
+        check(x, n * 4, "x")?;
+        check(y, n * 4, "y")?;
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let xv = self.f32s(x, n, "x")?;
+        let mut yv = vec![0.0; n as usize];
+        match act {
+            Activation::Relu => reference::relu_forward(&xv, &mut yv),
+            Activation::Gelu => reference::gelu_forward(&xv, &mut yv),
+        }
+        self.put(y, &yv, "y")
+    }
+
+    fn activation_backward(
+        &mut self,
+        act: Activation,
+        x: &Allocation,
+        dy: &Allocation,
+        dx: &Allocation,
+        n: u64,
+    ) -> Result<(), RuntimeError> {
+        check(x, n * 4, "x")?;
+        check(dy, n * 4, "dy")?;
+        check(dx, n * 4, "dx")?;
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let (xv, dyv) = (self.f32s(x, n, "x")?, self.f32s(dy, n, "dy")?);
+        let mut dxv = vec![0.0; n as usize];
+        match act {
+            Activation::Relu => reference::relu_backward(&xv, &dyv, &mut dxv),
+            Activation::Gelu => reference::gelu_backward(&xv, &dyv, &mut dxv),
+        }
+        self.put(dx, &dxv, "dx")
+    }
+
+    fn mse(
+        &mut self,
+        pred: &Allocation,
+        target: &Allocation,
+        loss: &Allocation,
+        grad: &Allocation,
+        n: u64,
+    ) -> Result<(), RuntimeError> {
+        if n == 0 {
+            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
+        }
+        check(pred, n * 4, "pred")?;
+        check(target, n * 4, "target")?;
+        check(loss, 4, "loss")?;
+        check(grad, n * 4, "grad")?;
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let (p, t) = (self.f32s(pred, n, "pred")?, self.f32s(target, n, "target")?);
+        let value = reference::mse_loss(&p, &t);
+        let mut g = vec![0.0; n as usize];
+        reference::mse_grad(&p, &t, &mut g, (2.0 / n as f64) as f32);
+        self.put(loss, &[value], "loss")?;
+        self.put(grad, &g, "grad")
+    }
+
+    fn cross_entropy(
+        &mut self,
+        logits: &Allocation,
+        targets: &Allocation,
+        loss: &Allocation,
+        grad: &Allocation,
+        rows: u32,
+        cols: u32,
+    ) -> Result<(), RuntimeError> {
+        if rows == 0 || cols == 0 {
+            return Err(RuntimeError::Shape("cross-entropy needs at least one row and one class".into()));
+        }
+        let elements = rows as u64 * cols as u64;
+        check(logits, elements * 4, "logits")?;
+        check(targets, rows as u64 * 4, "targets")?;
+        check(loss, 4, "loss")?;
+        check(grad, elements * 4, "grad")?;
+        // The per-row scratch the CUDA and wgpu kernels take from the allocator; on the queue
+        // discipline it is bound by the kernel, so recorded on the queue like wgpu's.
+        let scratch = self.allocator.malloc(rows as u64 * 4, StreamId::DEFAULT)?;
+        if self.profile.discipline == StreamDiscipline::QueueStream {
+            self.allocator.record_stream(&scratch, QUEUE_STREAM)?;
+        }
+        let computed = if self.computes_now() {
+            let l = self.f32s(logits, elements, "logits")?;
+            let t = self.host().read_words(targets.address(), rows as usize)?;
+            let mut g = vec![0.0; elements as usize];
+            let value = reference::cross_entropy(&l, &t, &mut g, rows, cols, (1.0 / rows as f64) as f32);
+            self.put(loss, &[value], "loss").and_then(|_| self.put(grad, &g, "grad"))
+        } else {
+            Ok(())
+        };
+        self.allocator.free(scratch)?;
+        computed
+    }
+
+    fn sgd_step(
+        &mut self,
+        param: &Allocation,
+        grad: &Allocation,
+        momentum: Option<&Allocation>,
+        n: u64,
+        sgd: Sgd,
+        first_step: bool,
+    ) -> Result<(), RuntimeError> {
+        check(param, n * 4, "param")?;
+        check(grad, n * 4, "grad")?;
+        if sgd.momentum != 0.0 && momentum.is_none() {
+            return Err(RuntimeError::Shape("SGD with momentum needs a momentum buffer".into()));
+        }
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let mut p = self.f32s(param, n, "param")?;
+        let g = self.f32s(grad, n, "grad")?;
+        let mut buf = match momentum {
+            Some(m) => self.f32s(m, n, "momentum")?,
+            None => Vec::new(),
+        };
+        reference::sgd_step(&mut p, &g, &mut buf, sgd, first_step);
+        self.put(param, &p, "param")?;
+        if let Some(m) = momentum {
+            self.put(m, &buf, "momentum")?;
+        }
+        Ok(())
+    }
+
+    fn adam_step(
+        &mut self,
+        param: &Allocation,
+        grad: &Allocation,
+        exp_avg: &Allocation,
+        exp_avg_sq: &Allocation,
+        n: u64,
+        adam: Adam,
+        step: u32,
+    ) -> Result<(), RuntimeError> {
+        if step == 0 {
+            return Err(RuntimeError::Parameters("Adam steps are counted from 1".into()));
+        }
+        for (a, name) in [(param, "param"), (grad, "grad"), (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")] {
+            check(a, n * 4, name)?;
+        }
+        if !self.computes_now() {
+            return Ok(());
+        }
+        let mut p = self.f32s(param, n, "param")?;
+        let g = self.f32s(grad, n, "grad")?;
+        let mut m = self.f32s(exp_avg, n, "exp_avg")?;
+        let mut v = self.f32s(exp_avg_sq, n, "exp_avg_sq")?;
+        reference::adam_step(&mut p, &g, &mut m, &mut v, adam, step);
+        self.put(param, &p, "param")?;
+        self.put(exp_avg, &m, "exp_avg")?;
+        self.put(exp_avg_sq, &v, "exp_avg_sq")
+    }
+}

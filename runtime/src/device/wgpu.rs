@@ -1,0 +1,280 @@
+//! The wgpu device: `CachingAllocator<WgpuBackend>` and the WGSL kernels of `cachalot-wgpu`.
+//!
+//! Every operation is one [`cachalot_wgpu::KernelBatch`], submitted at once. The batch records
+//! the operands it binds on the queue stream, so a block freed after it returns to the cache
+//! when the submission has completed. To make that point deterministic — and equal to the
+//! simulator's `wgpu` profile — the device waits for the queue before every allocator call
+//! that completes frees ([`Device::malloc`], [`Device::empty_cache`]): every event recorded
+//! before such a call has then completed, whatever the GPU's speed.
+
+use std::sync::Arc;
+
+use cachalot_core::{Allocation, AllocatorConfig, CachingAllocator, StreamId};
+use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_wgpu::{KernelBatch, Kernels, MatmulOptions, WgpuBackend, WgpuConfig, WgpuContext};
+
+use super::{Activation, AllocatorOps, BackendKind, Device, StreamDiscipline};
+use crate::error::RuntimeError;
+
+/// Columns of the first pass of [`Device::mean`]: partials that fit PyTorch's 2,112-byte
+/// reduction staging block.
+const MEAN_COLUMNS: u64 = 512;
+
+/// A wgpu adapter's device (see the module docs).
+#[derive(Debug)]
+pub struct WgpuDevice {
+    allocator: CachingAllocator<WgpuBackend>,
+    kernels: Kernels,
+    /// Means reduced on the host because the tensor was over the binding limit (reported).
+    host_means: u64,
+}
+
+impl WgpuDevice {
+    /// The device of `context`, with the allocator `config`.
+    pub fn new(context: Arc<WgpuContext>, config: AllocatorConfig) -> Result<Self, RuntimeError> {
+        let allocator = cachalot_wgpu::caching_allocator(&context, config)?;
+        Ok(WgpuDevice { allocator, kernels: Kernels::new(context), host_means: 0 })
+    }
+
+    /// Requests the best adapter (or the `index`-th one wgpu enumerates) with `capacity` bytes.
+    pub fn request(index: Option<usize>, capacity: u64) -> Result<Arc<WgpuContext>, RuntimeError> {
+        let wgpu_config = WgpuConfig { capacity, device_index: index.unwrap_or(0) as u32, ..WgpuConfig::default() };
+        match index {
+            None => Ok(WgpuContext::request_blocking(wgpu_config)?),
+            Some(i) => {
+                let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+                    backends: wgpu::Backends::all().with_env(),
+                    ..wgpu::InstanceDescriptor::new_without_display_handle()
+                });
+                let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all().with_env()));
+                let count = adapters.len();
+                let adapter = adapters.into_iter().nth(i).ok_or_else(|| RuntimeError::Unavailable {
+                    backend: "wgpu",
+                    reason: format!("no adapter {i} (wgpu enumerates {count})"),
+                })?;
+                Ok(pollster::block_on(WgpuContext::new(&adapter, wgpu_config))?)
+            }
+        }
+    }
+
+    /// The shared context.
+    pub fn context(&self) -> &Arc<WgpuContext> {
+        self.kernels.context()
+    }
+
+    /// Waits for everything submitted to the context so far. Not only this device's work:
+    /// another allocator on the same context (tests share one) advances the submission
+    /// number that this device's frees record, so waiting for its own work would not be
+    /// enough. A wait for completed work returns at once.
+    fn settle(&mut self) -> Result<(), RuntimeError> {
+        Ok(self.kernels.context().wait_idle()?)
+    }
+
+    /// Records one operation in a batch and submits it.
+    fn submit(
+        &mut self,
+        record: impl FnOnce(&mut KernelBatch<'_>) -> Result<(), cachalot_wgpu::KernelError>,
+    ) -> Result<(), RuntimeError> {
+        let mut batch = self.kernels.batch(&mut self.allocator);
+        record(&mut batch)?;
+        batch.submit()?;
+        Ok(())
+    }
+
+    fn binding_limit(&self) -> u64 {
+        self.kernels.context().limits().max_storage_buffer_binding_size
+    }
+}
+
+impl Device for WgpuDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+    fn allocator(&self) -> &dyn AllocatorOps {
+        &self.allocator
+    }
+    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps {
+        &mut self.allocator
+    }
+    fn discipline(&self) -> StreamDiscipline {
+        StreamDiscipline::QueueStream
+    }
+    fn run_facts(&self) -> Vec<(String, String)> {
+        let info = self.kernels.context().adapter_info();
+        vec![
+            ("adapter".into(), format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)),
+            ("software adapter".into(), (info.device_type == wgpu::DeviceType::Cpu).to_string()),
+        ]
+    }
+
+    fn notes(&self) -> Vec<String> {
+        if self.host_means == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "{} mean(s) of tensors over max_storage_buffer_binding_size ({} bytes) were summed on the host: the \
+             WGSL set binds a reduction's input whole",
+            self.host_means,
+            self.binding_limit()
+        )]
+    }
+
+    fn malloc(&mut self, bytes: u64) -> Result<Allocation, RuntimeError> {
+        self.settle()?;
+        Ok(self.allocator.malloc(bytes, StreamId::DEFAULT)?)
+    }
+
+    fn empty_cache(&mut self) -> Result<(), RuntimeError> {
+        self.settle()?;
+        Ok(self.allocator.empty_cache()?)
+    }
+
+    fn synchronize(&mut self) -> Result<(), RuntimeError> {
+        self.settle()
+    }
+
+    fn upload(&mut self, dst: &Allocation, words: &[u32]) -> Result<(), RuntimeError> {
+        self.submit(|b| b.upload_u32(dst, words))
+    }
+
+    fn read(&mut self, src: &Allocation, words: usize) -> Result<Vec<u32>, RuntimeError> {
+        let mut batch = self.kernels.batch(&mut self.allocator);
+        let readback = batch.read_u32(src, words)?;
+        batch.submit()?;
+        Ok(readback.wait_u32()?)
+    }
+
+    fn fill(&mut self, x: &Allocation, n: u64, value: f32) -> Result<(), RuntimeError> {
+        self.submit(|b| b.fill(x, n, value))
+    }
+
+    fn fill_u32(&mut self, x: &Allocation, n: u64, value: u32) -> Result<(), RuntimeError> {
+        // An upload, not the f32 fill kernel, which need not keep every bit pattern (NaNs).
+        self.submit(|b| b.upload_u32(x, &vec![value; n as usize]))
+    }
+
+    fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError> {
+        // No scale kernel in the WGSL set: y = 0, then an SGD step with lr = -alpha gives
+        // y = 0 - (-alpha) · x = alpha · x exactly (one rounding, as a product).
+        let sgd = Sgd { lr: -alpha, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false };
+        self.submit(|b| {
+            b.fill(y, n, 0.0)?;
+            b.sgd_step(y, x, None, n, sgd, true)
+        })
+    }
+
+    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError> {
+        if n == 0 {
+            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
+        }
+        // Column sums of x as [n / cols, cols] into the staging block, then the last sum and
+        // the division on the host. A tensor over the binding limit cannot be bound whole
+        // (the WGSL set has no chunked reduction): it is read back and summed on the host.
+        let cols = (1..=MEAN_COLUMNS.min(n)).rev().find(|c| n.is_multiple_of(*c)).unwrap_or(1);
+        let sum = if n * 4 <= self.binding_limit() && n / cols <= u32::MAX as u64 {
+            self.submit(|b| b.sum_rows(x, staging, (n / cols) as u32, cols as u32, false))?;
+            let partials = self.read(staging, cols as usize)?;
+            partials.iter().map(|&w| f32::from_bits(w) as f64).sum::<f64>()
+        } else {
+            self.host_means += 1;
+            let values = self.read(x, n as usize)?;
+            values.iter().map(|&w| f32::from_bits(w) as f64).sum::<f64>()
+        };
+        let mean = (sum / n as f64) as f32;
+        self.upload(out, &[mean.to_bits()])
+    }
+
+    fn matmul(
+        &mut self,
+        a: &Allocation,
+        b: &Allocation,
+        c: &Allocation,
+        shape: MatmulShape,
+        beta: f32,
+        bias: Option<&Allocation>,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|batch| batch.matmul(a, b, c, shape, MatmulOptions { beta, bias }))
+    }
+
+    fn sum_rows(
+        &mut self,
+        x: &Allocation,
+        out: &Allocation,
+        rows: u32,
+        cols: u32,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|b| b.sum_rows(x, out, rows, cols, accumulate))
+    }
+
+    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
+        self.submit(|b| match act {
+            Activation::Relu => b.relu_forward(x, y, n),
+            Activation::Gelu => b.gelu_forward(x, y, n),
+        })
+    }
+
+    fn activation_backward(
+        &mut self,
+        act: Activation,
+        x: &Allocation,
+        dy: &Allocation,
+        dx: &Allocation,
+        n: u64,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|b| match act {
+            Activation::Relu => b.relu_backward(x, dy, dx, n),
+            Activation::Gelu => b.gelu_backward(x, dy, dx, n),
+        })
+    }
+
+    fn mse(
+        &mut self,
+        pred: &Allocation,
+        target: &Allocation,
+        loss: &Allocation,
+        grad: &Allocation,
+        n: u64,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|b| b.mse(pred, target, loss, Some(grad), n))
+    }
+
+    fn cross_entropy(
+        &mut self,
+        logits: &Allocation,
+        targets: &Allocation,
+        loss: &Allocation,
+        grad: &Allocation,
+        rows: u32,
+        cols: u32,
+    ) -> Result<(), RuntimeError> {
+        // The batch allocates its scratch row: wait first, as before any allocator call.
+        self.settle()?;
+        self.submit(|b| b.cross_entropy(logits, targets, loss, grad, rows, cols))
+    }
+
+    fn sgd_step(
+        &mut self,
+        param: &Allocation,
+        grad: &Allocation,
+        momentum: Option<&Allocation>,
+        n: u64,
+        sgd: Sgd,
+        first_step: bool,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|b| b.sgd_step(param, grad, momentum, n, sgd, first_step))
+    }
+
+    fn adam_step(
+        &mut self,
+        param: &Allocation,
+        grad: &Allocation,
+        exp_avg: &Allocation,
+        exp_avg_sq: &Allocation,
+        n: u64,
+        adam: Adam,
+        step: u32,
+    ) -> Result<(), RuntimeError> {
+        self.submit(|b| b.adam_step(param, grad, exp_avg, exp_avg_sq, n, adam, step))
+    }
+}

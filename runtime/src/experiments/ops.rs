@@ -1,0 +1,54 @@
+//! `ops FILE`: an op file of `shared/bench/` (`a ID SIZE [STREAM]`, `f ID`) as allocations of
+//! the device, with no kernels. Streams are folded onto the default stream, as PyTorch's
+//! reference harness (`torch_alloc_bench.py`) replays them.
+
+use std::time::Instant;
+
+use cachalot_core::ops::{Op, OpFile};
+
+use super::Outcome;
+use crate::error::RuntimeError;
+use crate::runtime::{Runtime, Tensor};
+
+/// Parameters of `ops`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OpsParams {
+    /// The op file.
+    pub path: String,
+    /// A mark every this many ops (0: only at the end).
+    pub mark_every: usize,
+}
+
+/// Runs `ops` on `rt`.
+pub fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
+    let input = |message: String| RuntimeError::Input { path: params.path.clone(), message };
+    let text = std::fs::read_to_string(&params.path).map_err(|e| input(e.to_string()))?;
+    let file = OpFile::parse(&text).map_err(|e| input(e.to_string()))?;
+    let mut outcome = Outcome::default();
+    let mut live: Vec<Option<Tensor>> = (0..file.handles).map(|_| None).collect();
+    rt.set_phase("ops");
+    let start = Instant::now();
+    for (i, op) in file.ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { id, size, .. } => live[id as usize] = Some(rt.raw(size)?),
+            Op::Free { id } => live[id as usize] = None,
+        }
+        if params.mark_every > 0 && (i + 1) % params.mark_every == 0 {
+            rt.mark(format!("op {}", i + 1))?;
+        }
+    }
+    let elapsed = start.elapsed();
+    rt.record_time("ops", elapsed);
+    rt.mark("end")?;
+    live.clear();
+    rt.mark("freed")?;
+    rt.empty_cache()?;
+    rt.mark("empty")?;
+    outcome.lines.push(format!(
+        "{} ops in {:.3} s ({:.0} ns per op, allocator and device together)",
+        file.ops.len(),
+        elapsed.as_secs_f64(),
+        elapsed.as_nanos() as f64 / file.ops.len().max(1) as f64
+    ));
+    Ok(outcome)
+}

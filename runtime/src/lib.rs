@@ -1,0 +1,44 @@
+//! # cachalot-runtime
+//!
+//! Identical experiments on every backend. A small tensor runtime over
+//! `CachingAllocator<B>` and the backend's kernels — tensors own blocks, and a dropped tensor
+//! is a freed block, as in PyTorch — and experiments written once against it that run
+//! unchanged on CUDA, on any GPU through wgpu, and on the simulator with the CPU reference
+//! kernels. Labelled marks record `memory_allocated()` / `memory_reserved()` where
+//! `torch.cuda.memory_allocated()` would read them, and [`compare`](mod@compare) puts runs side
+//! by side and says why they differ.
+//!
+//! - [`device`]: the [`Device`] trait and its three implementations (CUDA, wgpu, simulator),
+//!   with the stream discipline that makes the wgpu and simulator event sequences equal;
+//! - [`runtime`]: [`Runtime`] and [`Tensor`];
+//! - [`experiments`]: `seeds`, `mlp-train`, `matmul-sweep`, `ops`;
+//! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
+//! - [`trace`]: traces with addresses made comparable; [`compare`](mod@compare): the report.
+//!
+//! ```
+//! use cachalot_runtime::{DeviceOptions, BackendRequest, Experiment, execute};
+//!
+//! // `seeds` on the simulator standing for an H200: PyTorch 2.11's marks, with no GPU.
+//! let options = DeviceOptions { backend: BackendRequest::Sim, compute: false, ..Default::default() };
+//! let run = execute(&Experiment::Seeds, &options)?;
+//! let linear = run.marks.iter().find(|m| m.label == "linear_output").unwrap();
+//! assert_eq!((linear.allocated, linear.reserved), (76_997_120, 77_594_624));
+//! # Ok::<(), cachalot_runtime::RuntimeError>(())
+//! ```
+
+pub mod compare;
+pub mod device;
+mod error;
+pub mod experiments;
+pub mod run;
+pub mod runtime;
+pub mod select;
+pub mod trace;
+
+pub use device::sim::{SimDevice, SimProfile};
+pub use device::{Activation, BackendKind, Device, StreamDiscipline, Workspaces};
+pub use error::RuntimeError;
+pub use experiments::{Experiment, MlpParams, Outcome, SweepParams};
+pub use run::{RunRecord, RunResult, execute, execute_on};
+pub use runtime::{DType, LinearGrads, Runtime, Tensor};
+pub use select::{BackendRequest, DeviceOptions, Selection, open};

@@ -1,0 +1,158 @@
+//! Opening a device: `--backend auto|cuda|wgpu|sim`.
+//!
+//! `auto` tries CUDA (`cachalot_cuda::probe`, then the kernels, which need NVRTC), then
+//! wgpu's best adapter (a software adapter such as Mesa's lavapipe counts, and is named as
+//! software), then the simulator, and keeps a line for each: what was taken, and why each
+//! backend before it was not.
+
+use cachalot_core::AllocatorConfig;
+
+use crate::device::cuda::CudaDevice;
+use crate::device::sim::{SimDevice, SimProfile};
+use crate::device::wgpu::WgpuDevice;
+use crate::device::{BackendKind, Device};
+use crate::error::RuntimeError;
+
+/// The backend asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendRequest {
+    /// CUDA, then wgpu, then the simulator.
+    #[default]
+    Auto,
+    /// CUDA only.
+    Cuda,
+    /// wgpu only.
+    Wgpu,
+    /// The simulator.
+    Sim,
+}
+
+impl BackendRequest {
+    /// Parses `auto`, `cuda`, `wgpu` or `sim`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(BackendRequest::Auto),
+            "cuda" => Some(BackendRequest::Cuda),
+            "wgpu" => Some(BackendRequest::Wgpu),
+            "sim" => Some(BackendRequest::Sim),
+            _ => None,
+        }
+    }
+}
+
+/// How to open the device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceOptions {
+    /// Which backend.
+    pub backend: BackendRequest,
+    /// CUDA ordinal, or the index of the wgpu adapter in wgpu's enumeration (`None`: device 0
+    /// for CUDA, the best adapter for wgpu).
+    pub device: Option<usize>,
+    /// The allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax).
+    pub config: String,
+    /// The simulator's profile (default `cuda-sm90`).
+    pub profile: Option<String>,
+    /// Device capacity in bytes for wgpu (which cannot query it) and the simulator.
+    pub capacity: Option<u64>,
+    /// Whether the simulator computes (off: allocations only).
+    pub compute: bool,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            backend: BackendRequest::Auto,
+            device: None,
+            config: String::new(),
+            profile: None,
+            capacity: None,
+            compute: true,
+        }
+    }
+}
+
+/// What was opened, and why.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Selection {
+    /// The backend taken.
+    pub backend: BackendKind,
+    /// One line per backend considered, in order: taken, or why not.
+    pub lines: Vec<String>,
+}
+
+/// Opens the device `options` ask for.
+pub fn open(options: &DeviceOptions) -> Result<(Box<dyn Device>, Selection), RuntimeError> {
+    let config = AllocatorConfig::parse(&options.config)
+        .map_err(|e| RuntimeError::Parameters(format!("allocator config '{}': {e}", options.config)))?;
+    let mut lines = Vec::new();
+    let auto = options.backend == BackendRequest::Auto;
+    if options.profile.is_some() && !matches!(options.backend, BackendRequest::Sim | BackendRequest::Auto) {
+        return Err(RuntimeError::Parameters("--profile applies to the simulator only (--backend sim)".into()));
+    }
+
+    if matches!(options.backend, BackendRequest::Auto | BackendRequest::Cuda) {
+        match open_cuda(options.device.unwrap_or(0), config.clone()) {
+            Ok((device, description)) => {
+                lines.push(format!("cuda: taken: {description}"));
+                return Ok((Box::new(device), Selection { backend: BackendKind::Cuda, lines }));
+            }
+            Err(reason) if auto => lines.push(format!("cuda: not usable: {reason}")),
+            Err(reason) => return Err(RuntimeError::Unavailable { backend: "cuda", reason }),
+        }
+    }
+
+    if matches!(options.backend, BackendRequest::Auto | BackendRequest::Wgpu) {
+        let capacity = options.capacity.unwrap_or(cachalot_wgpu::DEFAULT_CAPACITY);
+        match open_wgpu(options.device, capacity, config.clone()) {
+            Ok((device, description)) => {
+                lines.push(format!("wgpu: taken: {description}"));
+                return Ok((Box::new(device), Selection { backend: BackendKind::Wgpu, lines }));
+            }
+            Err(reason) if auto => lines.push(format!("wgpu: not usable: {reason}")),
+            Err(reason) => return Err(RuntimeError::Unavailable { backend: "wgpu", reason }),
+        }
+    }
+
+    let name = options.profile.as_deref().unwrap_or("cuda-sm90");
+    let mut profile = SimProfile::by_name(name).ok_or_else(|| {
+        RuntimeError::Parameters(format!("simulator profile '{name}' (known: {})", SimProfile::NAMES.join(", ")))
+    })?;
+    if let Some(capacity) = options.capacity {
+        profile.capacity = capacity;
+    }
+    let description = format!(
+        "simulator, profile {} ({}; {}), kernels {}",
+        profile.name,
+        profile.discipline.describe(),
+        match profile.workspaces {
+            Some(ws) => format!("cuBLAS workspace {} B + cuBLASLt {} B", ws.cublas, ws.cublaslt),
+            None => "no workspaces".into(),
+        },
+        if options.compute { "on the CPU (the reference)" } else { "skipped (allocations only)" }
+    );
+    lines.push(format!("sim: taken: {description}"));
+    let device = SimDevice::new(profile, config, options.compute)?;
+    Ok((Box::new(device), Selection { backend: BackendKind::Sim, lines }))
+}
+
+fn open_cuda(ordinal: usize, config: AllocatorConfig) -> Result<(CudaDevice, String), String> {
+    let description = cachalot_cuda::probe(ordinal).map_err(|e| e.to_string())?;
+    let device = CudaDevice::open(ordinal, config).map_err(|e| format!("{description}, but {e}"))?;
+    Ok((device, description))
+}
+
+fn open_wgpu(index: Option<usize>, capacity: u64, config: AllocatorConfig) -> Result<(WgpuDevice, String), String> {
+    let context = WgpuDevice::request(index, capacity).map_err(|e| e.to_string())?;
+    let info = context.adapter_info();
+    let software = if info.device_type == wgpu::DeviceType::Cpu {
+        ", a software adapter: correct but slow, and not a GPU's memory"
+    } else {
+        ""
+    };
+    let description = format!(
+        "{} ({:?}, {:?}{software}; capacity {} bytes, configured)",
+        info.name, info.backend, info.device_type, capacity
+    );
+    let device = WgpuDevice::new(context, config).map_err(|e| e.to_string())?;
+    Ok((device, description))
+}

@@ -1,0 +1,250 @@
+//! Two runs side by side with linked cursors: e.g. one experiment on CUDA and on wgpu, or
+//! PyTorch's recorded trace and cachalot's replay of it.
+
+use egui_plot::{Corner, Legend, Line, LineStyle, Plot, PlotPoints, VLine};
+
+use crate::app::RunTab;
+use crate::format;
+use crate::segments::{self, SegmentMapState};
+use crate::timeline::bytes_axis;
+
+/// How the cursor of the second run follows the first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// The same entry number (runs of one program: the same operations in the same order).
+    Entry,
+    /// The same fraction of each run.
+    Fraction,
+}
+
+/// What the compare panel remembers.
+#[derive(Clone, Debug)]
+pub struct CompareState {
+    /// Index of the first run.
+    pub a: usize,
+    /// Index of the second run.
+    pub b: usize,
+    /// How the cursors are linked.
+    pub link: Link,
+    /// List only the stats that differ.
+    pub only_differences: bool,
+    /// The two segment maps.
+    pub maps: [SegmentMapState; 2],
+}
+
+impl Default for CompareState {
+    fn default() -> Self {
+        CompareState {
+            a: 0,
+            b: 1,
+            link: Link::Entry,
+            only_differences: true,
+            maps: [SegmentMapState::default(), SegmentMapState::default()],
+        }
+    }
+}
+
+impl CompareState {
+    /// Where the second run's cursor goes for cursor `a` of the first.
+    pub fn linked(&self, a: usize, end_a: usize, end_b: usize) -> usize {
+        match self.link {
+            Link::Entry => a.min(end_b),
+            Link::Fraction if end_a == 0 => 0,
+            Link::Fraction => ((a as f64 / end_a as f64) * end_b as f64).round() as usize,
+        }
+    }
+}
+
+fn run_picker(ui: &mut egui::Ui, label: &str, tabs: &[RunTab], index: &mut usize) {
+    egui::ComboBox::new(("compare_pick", label), format!("run {label}"))
+        .selected_text(tabs.get(*index).map_or("—".to_owned(), |t| t.run.name.clone()))
+        .width(260.0)
+        .show_ui(ui, |ui| {
+            for (i, tab) in tabs.iter().enumerate() {
+                ui.selectable_value(index, i, tab.run.name.as_str());
+            }
+        });
+}
+
+/// Shows the comparison; `tabs` are all open runs.
+pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
+    if tabs.len() < 2 {
+        ui.add_space(20.0);
+        ui.label("Open two runs to compare them (e.g. a PyTorch trace and its cachalot replay from the \"Replay through cachalot\" button).");
+        return;
+    }
+    state.a = state.a.min(tabs.len() - 1);
+    state.b = state.b.min(tabs.len() - 1);
+    ui.horizontal(|ui| {
+        run_picker(ui, "A", tabs, &mut state.a);
+        run_picker(ui, "B", tabs, &mut state.b);
+        if ui.small_button("swap").on_hover_text("swap").clicked() {
+            std::mem::swap(&mut state.a, &mut state.b);
+        }
+        ui.separator();
+        ui.label("link cursors by");
+        ui.radio_value(&mut state.link, Link::Entry, "entry");
+        ui.radio_value(&mut state.link, Link::Fraction, "fraction of the run");
+        ui.checkbox(&mut state.only_differences, "only differing stats");
+    });
+    if state.a == state.b {
+        // A run compared with itself says nothing: take the next one.
+        state.b = (state.a + 1) % tabs.len();
+    }
+    let (a, b) = (state.a, state.b);
+    let (end_a, end_b) = (tabs[a].run.end(), tabs[b].run.end());
+    let mut cursor = tabs[a].cursor.min(end_a);
+
+    // One plot, both runs, in A's entry numbers.
+    let scale_b = match state.link {
+        Link::Entry => 1.0,
+        Link::Fraction if end_b == 0 => 1.0,
+        Link::Fraction => end_a as f64 / end_b as f64,
+    };
+    let y_max = tabs[a].run.reserved.max().max(tabs[b].run.reserved.max()).max(1) as f64 * 1.08;
+    let x_max = (end_a.max((end_b as f64 * scale_b) as usize)).max(1) as f64;
+    let names = (tabs[a].run.name.clone(), tabs[b].run.name.clone());
+    let moved = {
+        let (ra, rb) = two_mut(tabs, a, b);
+        Plot::new(("compare_plot", a, b))
+            .height(170.0)
+            .legend(Legend::default().position(Corner::LeftTop))
+            .default_x_bounds(0.0, x_max)
+            .default_y_bounds(0.0, y_max)
+            .allow_drag(false)
+            .allow_zoom([true, false])
+            .allow_scroll([true, false])
+            .y_axis_formatter(bytes_axis)
+            .y_grid_spacer(egui_plot::log_grid_spacer(4))
+            .y_axis_min_width(64.0)
+            .show(ui, |plot_ui| {
+                let bounds = plot_ui.plot_bounds();
+                let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
+                let width = plot_ui.response().rect.width();
+                let solid = |name: String, s: &mut crate::model::Series, color| {
+                    crate::timeline::series_line(name, s, (x0, x1, width), color)
+                };
+                plot_ui.line(solid(
+                    format!("A reserved — {}", names.0),
+                    &mut ra.run.reserved,
+                    format::series::RESERVED,
+                ));
+                plot_ui.line(solid(
+                    format!("A allocated — {}", names.0),
+                    &mut ra.run.allocated,
+                    format::series::ALLOCATED,
+                ));
+                let (bx0, bx1) = (x0 / scale_b, x1 / scale_b);
+                for (label, series, color) in [
+                    ("B reserved", &mut rb.run.reserved, format::series::RESERVED),
+                    ("B allocated", &mut rb.run.allocated, format::series::ALLOCATED),
+                ] {
+                    let points: Vec<[f64; 2]> = crate::timeline::points(series, bx0, bx1, width)
+                        .points()
+                        .iter()
+                        .map(|p| [p.x * scale_b, p.y])
+                        .collect();
+                    plot_ui.line(
+                        Line::new(format!("{label} — {}", names.1), PlotPoints::new(points))
+                            .color(color.gamma_multiply(0.8))
+                            .allow_band(false)
+                            .style(LineStyle::dashed_dense()),
+                    );
+                }
+                plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
+                let response = plot_ui.response();
+                if response.dragged() || response.clicked() {
+                    crate::timeline::pointer_entry(plot_ui).map(|p| p.x.round().clamp(0.0, end_a as f64) as usize)
+                } else {
+                    None
+                }
+            })
+            .inner
+    };
+    if let Some(m) = moved {
+        cursor = m;
+    }
+    let cursor_b = state.linked(cursor, end_a, end_b);
+    tabs[a].cursor = cursor;
+    tabs[b].cursor = cursor_b;
+    ui.label(format!(
+        "A: {} — B: {}",
+        crate::timeline::cursor_text(&tabs[a].run, cursor),
+        crate::timeline::cursor_text(&tabs[b].run, cursor_b)
+    ));
+
+    // Bring both states to the cursors.
+    for (i, c) in [(a, cursor), (b, cursor_b)] {
+        let tab = &mut tabs[i];
+        tab.run.seek(&mut tab.cache, c);
+    }
+    let (Some(sa), Some(sb)) = (tabs[a].cache.state(), tabs[b].cache.state()) else { return };
+    let (fa, fb) = (sa.stats.to_flat(), sb.stats.to_flat());
+    let differing = fa.iter().filter(|(k, v)| fb.get(*k) != Some(v)).count();
+    ui.horizontal(|ui| {
+        ui.strong("memory_stats()");
+        if differing == 0 {
+            ui.colored_label(format::series::RESERVED, "all 122 keys equal at the cursor");
+        } else {
+            ui.colored_label(format::series::OOM, format!("{differing} keys differ at the cursor"));
+        }
+    });
+    egui::ScrollArea::vertical().id_salt("compare_stats").max_height(150.0).show(ui, |ui| {
+        egui::Grid::new("compare_grid").striped(true).num_columns(4).show(ui, |ui| {
+            for title in ["key", "A", "B", "B − A"] {
+                ui.strong(title);
+            }
+            ui.end_row();
+            for (key, va) in &fa {
+                let vb = fb.get(key).copied().unwrap_or(0);
+                if state.only_differences && *va == vb {
+                    continue;
+                }
+                let is_bytes = key.contains("bytes");
+                let show = |v: i64| if is_bytes { format::bytes_signed(v) } else { v.to_string() };
+                ui.monospace(key);
+                ui.label(show(*va));
+                ui.label(show(vb));
+                let delta = vb - va;
+                if delta == 0 {
+                    ui.label("0");
+                } else {
+                    ui.colored_label(format::series::OOM, show(delta));
+                }
+                ui.end_row();
+            }
+        });
+    });
+    ui.separator();
+    let [map_a, map_b] = &mut state.maps;
+    let (ta, tb) = two_mut(tabs, a, b);
+    let mut go = [None, None];
+    ui.columns(2, |columns| {
+        for (k, (ui, (tab, map))) in columns.iter_mut().zip([(&*ta, map_a), (&*tb, map_b)]).enumerate() {
+            ui.push_id(k, |ui| {
+                ui.strong(format!("{} {}", if k == 0 { "A" } else { "B" }, tab.run.name));
+                if let Some(state) = tab.cache.state() {
+                    go[k] = segments::ui(ui, &tab.run, state, map);
+                }
+            });
+        }
+    });
+    if let Some(g) = go[0] {
+        tabs[a].cursor = g;
+    }
+    if let Some(g) = go[1] {
+        tabs[b].cursor = g;
+    }
+}
+
+/// Two distinct elements mutably (`a != b`).
+fn two_mut(tabs: &mut [RunTab], a: usize, b: usize) -> (&mut RunTab, &mut RunTab) {
+    debug_assert_ne!(a, b);
+    if a < b {
+        let (left, right) = tabs.split_at_mut(b);
+        (&mut left[a], &mut right[0])
+    } else {
+        let (left, right) = tabs.split_at_mut(a);
+        (&mut right[0], &mut left[b])
+    }
+}

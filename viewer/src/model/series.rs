@@ -1,0 +1,159 @@
+//! Counters over a run (allocated, active, reserved bytes after every entry) and the min/max
+//! pyramid that lets the timeline draw millions of entries as a few thousand points.
+
+/// Entries per bucket of the finest pyramid level.
+const BASE: usize = 8;
+
+/// One counter's value at every cursor position (`values[i]` = after the first `i` entries),
+/// with a lazily extended min/max pyramid.
+#[derive(Clone, Debug, Default)]
+pub struct Series {
+    values: Vec<u64>,
+    /// `levels[k][j]` = (min, max) of `values[j * (BASE << k) ..][.. BASE << k]`.
+    levels: Vec<Vec<(u64, u64)>>,
+}
+
+impl Series {
+    /// Appends the value after the next entry.
+    pub fn push(&mut self, value: u64) {
+        self.values.push(value);
+    }
+
+    /// Number of cursor positions.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether no value was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The value at cursor position `i` (the last one past the end).
+    pub fn at(&self, i: usize) -> u64 {
+        self.values.get(i).or(self.values.last()).copied().unwrap_or(0)
+    }
+
+    /// All values.
+    pub fn values(&self) -> &[u64] {
+        &self.values
+    }
+
+    /// The largest value.
+    pub fn max(&mut self) -> u64 {
+        self.extend_pyramid();
+        match self.levels.last() {
+            Some(top) => top.iter().map(|b| b.1).max().unwrap_or(0),
+            None => self.values.iter().copied().max().unwrap_or(0),
+        }
+    }
+
+    /// Every value of `start..end` as a step: the counter holds its value until the next entry.
+    fn steps(&self, start: usize, end: usize) -> Vec<[f64; 2]> {
+        let mut points = Vec::with_capacity((end - start) * 2);
+        for i in start..end {
+            let v = self.values[i] as f64;
+            if i > start {
+                points.push([i as f64, self.values[i - 1] as f64]);
+            }
+            points.push([i as f64, v]);
+        }
+        points
+    }
+
+    /// Brings the pyramid up to date with the values (only the new tail is recomputed).
+    fn extend_pyramid(&mut self) {
+        let mut k = 0;
+        loop {
+            let (source_len, factor) = match k {
+                0 => (self.values.len(), BASE),
+                _ => (self.levels[k - 1].len(), 2),
+            };
+            if k > 0 && source_len <= 1 {
+                break;
+            }
+            if self.levels.len() <= k {
+                self.levels.push(Vec::new());
+            }
+            let buckets = source_len.div_ceil(factor);
+            let (below, above) = self.levels.split_at_mut(k);
+            let level = &mut above[0];
+            // The last bucket may have been partial: recompute it with everything after it.
+            let from = level.len().saturating_sub(1);
+            level.truncate(from);
+            for j in from..buckets {
+                let (lo, hi) = (j * factor, ((j + 1) * factor).min(source_len));
+                let bucket = match below.last() {
+                    None => self.values[lo..hi].iter().fold((u64::MAX, 0), |(a, b), &v| (a.min(v), b.max(v))),
+                    Some(below) => below[lo..hi].iter().fold((u64::MAX, 0), |(a, b), &(mn, mx)| (a.min(mn), b.max(mx))),
+                };
+                level.push(bucket);
+            }
+            k += 1;
+        }
+    }
+
+    /// Points that draw positions `range` (half-open) with at most about `max_points` points:
+    /// every value as a step where few enough, else a min/max zigzag per bucket (a step
+    /// function drawn this way looks exactly like the full one at that width).
+    pub fn envelope(&mut self, range: std::ops::Range<usize>, max_points: usize) -> Vec<[f64; 2]> {
+        let start = range.start.min(self.values.len());
+        let end = range.end.min(self.values.len());
+        if start >= end {
+            return Vec::new();
+        }
+        let span = end - start;
+        let max_points = max_points.max(16);
+        if span * 2 <= max_points {
+            return self.steps(start, end);
+        }
+        self.extend_pyramid();
+        // Bucket width wanted: two points per bucket.
+        let wanted = (span * 2).div_ceil(max_points);
+        let mut k = 0;
+        let mut width = BASE;
+        while width < wanted && k + 1 < self.levels.len() {
+            k += 1;
+            width *= 2;
+        }
+        let Some(level) = self.levels.get(k) else {
+            return self.steps(start, end);
+        };
+        let first = start / width;
+        let last = (end - 1) / width;
+        let mut points = Vec::with_capacity((last - first + 1) * 2);
+        let mut rising = true;
+        for (j, &(min, max)) in level.iter().enumerate().take(last + 1).skip(first) {
+            let x = (j * width) as f64 + width as f64 / 2.0;
+            let x = x.clamp(start as f64, (end - 1) as f64);
+            let (a, b) = if rising { (min, max) } else { (max, min) };
+            points.push([x, a as f64]);
+            points.push([x, b as f64]);
+            rising = !rising;
+        }
+        points
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_keeps_extremes() {
+        let mut s = Series::default();
+        for i in 0..100_000u64 {
+            s.push(if i == 54_321 { 1_000_000 } else { i % 1000 });
+        }
+        let points = s.envelope(0..100_000, 500);
+        assert!(points.len() <= 1100, "{}", points.len());
+        assert!(points.iter().any(|p| p[1] == 1_000_000.0), "the spike survives");
+        assert_eq!(s.max(), 1_000_000);
+        // Appending more recomputes the tail.
+        s.push(2_000_000);
+        assert_eq!(s.max(), 2_000_000);
+        let few = s.envelope(10..20, 500);
+        assert_eq!(few.len(), 19, "steps: two points per value after the first");
+        assert_eq!(few[..3], [[10.0, 10.0], [11.0, 10.0], [11.0, 11.0]]);
+    }
+}

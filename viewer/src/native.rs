@@ -1,0 +1,411 @@
+//! Native-only parts: the window, the open dialog, headless screenshots (egui_kittest through
+//! wgpu, e.g. on Mesa's lavapipe) and the benchmark.
+
+use std::path::{Path, PathBuf};
+
+use crate::app::{View, ViewerApp};
+
+/// "Open files": a path field and a list of the folder's files (no system dialog needed).
+#[derive(Debug)]
+pub struct OpenDialog {
+    /// Whether it is shown.
+    pub open: bool,
+    path: String,
+    error: Option<String>,
+}
+
+impl Default for OpenDialog {
+    fn default() -> Self {
+        let cwd = std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default();
+        OpenDialog { open: false, path: cwd, error: None }
+    }
+}
+
+impl OpenDialog {
+    /// Shows the dialog; returns the files the user chose.
+    pub fn show(&mut self, ctx: &egui::Context) -> Vec<PathBuf> {
+        let mut chosen = Vec::new();
+        if !self.open {
+            return chosen;
+        }
+        let mut open = true;
+        egui::Window::new("Open files").open(&mut open).default_width(520.0).show(ctx, |ui| {
+            ui.horizontal(|ui| {
+                ui.label("path");
+                let edit = ui.add(egui::TextEdit::singleline(&mut self.path).desired_width(380.0));
+                let enter = edit.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
+                if ui.button("Open").clicked() || enter {
+                    let path = PathBuf::from(self.path.trim());
+                    if path.is_file() {
+                        chosen.push(path);
+                    } else if !path.is_dir() {
+                        self.error = Some(format!("{}: no such file", path.display()));
+                    }
+                }
+            });
+            if let Some(e) = &self.error {
+                ui.colored_label(crate::format::series::OOM, e);
+            }
+            let dir = PathBuf::from(self.path.trim());
+            let dir = if dir.is_dir() { dir } else { dir.parent().map(Path::to_path_buf).unwrap_or_default() };
+            ui.separator();
+            egui::ScrollArea::vertical().max_height(320.0).show(ui, |ui| {
+                if let Some(parent) = dir.parent()
+                    && ui.selectable_label(false, "📁 ..").clicked()
+                {
+                    self.path = parent.display().to_string();
+                }
+                let mut entries: Vec<(bool, PathBuf)> = std::fs::read_dir(&dir)
+                    .map(|rd| rd.filter_map(Result::ok).map(|e| (e.path().is_dir(), e.path())).collect())
+                    .unwrap_or_default();
+                entries.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                for (is_dir, path) in entries {
+                    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    if name.starts_with('.') {
+                        continue;
+                    }
+                    let label = if is_dir { format!("📁 {name}") } else { name };
+                    if ui.selectable_label(false, label).clicked() {
+                        if is_dir {
+                            self.path = path.display().to_string();
+                        } else {
+                            chosen.push(path);
+                        }
+                    }
+                }
+            });
+        });
+        if !chosen.is_empty() {
+            self.error = None;
+            open = false;
+        }
+        self.open = open;
+        chosen
+    }
+}
+
+/// Prints frames per second and the slowest frame every two seconds (with
+/// `CACHALOT_FRAME_STATS=1`), to check how the window keeps up on a given machine.
+struct FrameStats {
+    app: ViewerApp,
+    window_start: web_time::Instant,
+    last_frame: web_time::Instant,
+    frames: u32,
+    slowest: f64,
+}
+
+impl eframe::App for FrameStats {
+    fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
+        let now = web_time::Instant::now();
+        self.slowest = self.slowest.max(now.duration_since(self.last_frame).as_secs_f64());
+        self.last_frame = now;
+        self.frames += 1;
+        let elapsed = now.duration_since(self.window_start).as_secs_f64();
+        if elapsed >= 2.0 {
+            eprintln!(
+                "cachalot: {:.1} frames/s, slowest frame interval {:.1} ms",
+                f64::from(self.frames) / elapsed,
+                self.slowest * 1000.0
+            );
+            self.window_start = now;
+            self.frames = 0;
+            self.slowest = 0.0;
+        }
+        self.app.ui(ui, frame);
+    }
+}
+
+/// Opens the window (blocks until it is closed).
+pub fn run_window(app: ViewerApp) -> Result<(), String> {
+    let stats = std::env::var_os("CACHALOT_FRAME_STATS").is_some_and(|v| v != "0");
+    let options = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default().with_inner_size([1400.0, 900.0]).with_title("cachalot"),
+        ..Default::default()
+    };
+    eframe::run_native(
+        "cachalot",
+        options,
+        Box::new(move |cc| -> Result<Box<dyn eframe::App>, _> {
+            ViewerApp::setup(&cc.egui_ctx);
+            if stats {
+                let now = web_time::Instant::now();
+                return Ok(Box::new(FrameStats { app, window_start: now, last_frame: now, frames: 0, slowest: 0.0 }));
+            }
+            Ok(Box::new(app))
+        }),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// What a screenshot shows.
+#[derive(Clone, Debug)]
+pub struct ScreenshotOptions {
+    /// Window size in points.
+    pub size: egui::Vec2,
+    /// Which panel.
+    pub view: View,
+    /// Cursor position of every run (default: the end of each).
+    pub cursor: Option<usize>,
+    /// Pixels per point.
+    pub pixels_per_point: f32,
+}
+
+impl Default for ScreenshotOptions {
+    fn default() -> Self {
+        ScreenshotOptions { size: egui::vec2(1400.0, 900.0), view: View::Segments, cursor: None, pixels_per_point: 1.0 }
+    }
+}
+
+/// A headless harness around `app`, rendering through wgpu (it prefers a CPU adapter such as
+/// lavapipe, so pictures are the same on every machine with it). With `strict_glyphs`, text
+/// that no font can draw panics (for tests of our own labels); else it shows as boxes, as in
+/// the app (stack frames may hold any text).
+pub fn harness(
+    app: ViewerApp,
+    size: egui::Vec2,
+    pixels_per_point: f32,
+    strict_glyphs: bool,
+) -> egui_kittest::Harness<'static, ViewerApp> {
+    let builder = egui_kittest::Harness::builder();
+    // Screenshots of arbitrary files must not fail on text or widgets the tests never saw.
+    let builder = if strict_glyphs { builder } else { builder.allow_missing_glyphs().with_accessibility_check(false) };
+    builder.with_size(size).with_pixels_per_point(pixels_per_point).with_max_steps(16).wgpu().build_eframe(|cc| {
+        ViewerApp::setup(&cc.egui_ctx);
+        app
+    })
+}
+
+/// Renders `app` headless and writes a PNG.
+pub fn screenshot(mut app: ViewerApp, options: &ScreenshotOptions, out: &Path) -> Result<(), String> {
+    app.wait_for_loads();
+    app.view = options.view;
+    if let Some(cursor) = options.cursor {
+        for tab in &mut app.tabs {
+            tab.cursor = cursor.min(tab.run.end());
+        }
+    }
+    let mut harness = harness(app, options.size, options.pixels_per_point, false);
+    // A few frames: panels settle their sizes and the plot its bounds.
+    harness.run_steps(4);
+    let image = harness.render()?;
+    image.save(out).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// Benchmark results.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    /// Trace entries.
+    pub entries: usize,
+    /// Bytes of the snapshot file.
+    pub file_bytes: usize,
+    /// Seconds to read, parse and build the run.
+    pub open_seconds: f64,
+    /// Checkpoints kept.
+    pub checkpoints: usize,
+    /// Per-frame seconds while the cursor is dragged across the run (UI pass + tessellation).
+    pub frame_seconds: Vec<f64>,
+    /// Per-frame seconds of random jumps.
+    pub jump_seconds: Vec<f64>,
+    /// Most segments and blocks at a cursor position visited.
+    pub largest_state: (usize, usize),
+    /// Per-frame seconds of a cursor drag including rendering through wgpu (lavapipe without a
+    /// GPU), if an adapter was found.
+    pub rendered_seconds: Vec<f64>,
+}
+
+impl BenchReport {
+    fn percentile(v: &[f64], p: f64) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0)
+    }
+
+    /// Human-readable lines.
+    pub fn lines(&self) -> Vec<String> {
+        let ms = |s: f64| s * 1000.0;
+        let fps = |v: &[f64]| 1.0 / (v.iter().sum::<f64>() / v.len().max(1) as f64);
+        vec![
+            format!(
+                "trace: {} entries, {:.1} MB snapshot file, {} checkpoints",
+                crate::format::count(self.entries as u64),
+                self.file_bytes as f64 / 1e6,
+                self.checkpoints
+            ),
+            format!("open (read + parse + rebuild): {:.2} s", self.open_seconds),
+            format!(
+                "largest state visited: {} segments, {} blocks",
+                crate::format::count(self.largest_state.0 as u64),
+                crate::format::count(self.largest_state.1 as u64)
+            ),
+            format!(
+                "cursor drag: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
+                self.frame_seconds.len(),
+                ms(Self::percentile(&self.frame_seconds, 0.5)),
+                ms(Self::percentile(&self.frame_seconds, 0.95)),
+                ms(Self::percentile(&self.frame_seconds, 1.0)),
+                fps(&self.frame_seconds)
+            ),
+            format!(
+                "random jumps: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
+                self.jump_seconds.len(),
+                ms(Self::percentile(&self.jump_seconds, 0.5)),
+                ms(Self::percentile(&self.jump_seconds, 0.95)),
+                ms(Self::percentile(&self.jump_seconds, 1.0)),
+                fps(&self.jump_seconds)
+            ),
+            if self.rendered_seconds.is_empty() {
+                "rendered drag: no wgpu adapter".to_owned()
+            } else {
+                format!(
+                    "rendered drag (wgpu, 1 px per point): {} frames, median {:.1} ms, p95 {:.1} ms ({:.0} frames/s)",
+                    self.rendered_seconds.len(),
+                    ms(Self::percentile(&self.rendered_seconds, 0.5)),
+                    ms(Self::percentile(&self.rendered_seconds, 0.95)),
+                    fps(&self.rendered_seconds)
+                )
+            },
+        ]
+    }
+}
+
+/// Generates a trace of about `entries` entries on the simulator (a training-like loop with
+/// stacks, two streams and periodic `empty_cache`), as a cachalot snapshot file.
+pub fn generate_trace(entries: usize) -> Result<Vec<u8>, String> {
+    use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, Snapshot, StreamId};
+    let mut a =
+        CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default()).map_err(|e| e.to_string())?;
+    a.record_history(true, usize::MAX, &[], false);
+    let stacks: Vec<_> = (0..64)
+        .map(|i| {
+            a.intern_context(&[
+                Frame { filename: "model.py".into(), line: 10 + i, name: format!("layer{i}.forward").into() },
+                Frame { filename: "train.py".into(), line: 42, name: "step".into() },
+            ])
+        })
+        .collect();
+    let mut live: Vec<cachalot_core::Allocation> = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut step = 0u64;
+    while (a.trace_len_total() as usize) < entries {
+        step += 1;
+        // A step: grow activations, then free most of them in a shuffled order.
+        let n = 200 + next() % 200;
+        for _ in 0..n {
+            let r = next();
+            let size = match r % 10 {
+                0..=4 => 1 + r % (1 << 20),
+                5..=8 => (1 << 20) + r % (24 << 20),
+                _ => (64 << 20) + r % (256 << 20),
+            };
+            a.set_context(Some(stacks[(r >> 8) as usize % stacks.len()]));
+            match a.malloc(size, StreamId(r >> 60 & 1)) {
+                Ok(x) => live.push(x),
+                Err(_) => {
+                    for x in live.drain(..) {
+                        a.free(x).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
+        // Keep half: the live set grows until the device is full, an allocation fails and
+        // everything is freed — thousands of live blocks and a fragmented cache on the way.
+        let keep = live.len() / 2;
+        while live.len() > keep {
+            let i = next() as usize % live.len();
+            a.free(live.swap_remove(i)).map_err(|e| e.to_string())?;
+        }
+        if step.is_multiple_of(50) {
+            a.empty_cache().map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(Snapshot::capture(&a, format!("benchmark trace of {entries} entries")).to_json())
+}
+
+/// Measures how long a trace of `entries` entries takes to open, and frame times while the
+/// cursor is dragged across it and jumps around, at `size` points.
+pub fn bench(entries: usize, frames: usize, size: egui::Vec2) -> Result<BenchReport, String> {
+    let bytes = generate_trace(entries)?;
+    let dir = std::env::temp_dir().join(format!("cachalot-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let path = dir.join("bench.json");
+    std::fs::write(&path, &bytes).map_err(|e| e.to_string())?;
+    let file_bytes = bytes.len();
+    drop(bytes);
+
+    let started = web_time::Instant::now();
+    let data = std::fs::read(&path).map_err(|e| e.to_string())?;
+    let runs =
+        crate::load::load_bytes("bench.json", &data, &crate::load::Progress::default()).map_err(|e| e.to_string())?;
+    let open_seconds = started.elapsed().as_secs_f64();
+    drop(data);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut app = ViewerApp::new();
+    app.add_runs(runs);
+    let (end, checkpoints) = app.active_tab().map_or((0, 0), |t| (t.run.end(), t.run.checkpoint_count()));
+    let ctx = egui::Context::default();
+    ViewerApp::setup(&ctx);
+    let input = |t: f64| egui::RawInput {
+        screen_rect: Some(egui::Rect::from_min_size(egui::Pos2::ZERO, size)),
+        time: Some(t),
+        ..Default::default()
+    };
+    let frame = |app: &mut ViewerApp, t: f64| {
+        let started = web_time::Instant::now();
+        let output = ctx.run_ui(input(t), |ui| app.show(ui));
+        let _ = ctx.tessellate(output.shapes, output.pixels_per_point);
+        started.elapsed().as_secs_f64()
+    };
+    // Warm up (first frame lays out fonts).
+    for i in 0..3 {
+        frame(&mut app, i as f64);
+    }
+    let mut frame_seconds = Vec::with_capacity(frames);
+    let mut largest_state = (0, 0);
+    for i in 0..frames {
+        // A drag: the cursor moves steadily from start to end, as a mouse would.
+        app.set_cursor(end * i / frames.max(1));
+        frame_seconds.push(frame(&mut app, 3.0 + i as f64 / 60.0));
+        if let Some(state) = app.active_tab().and_then(|t| t.cache.state()) {
+            largest_state = largest_state.max((state.segments.len(), state.block_count));
+        }
+    }
+    let mut jump_seconds = Vec::with_capacity(frames / 2);
+    let mut rng = 12345u64;
+    for i in 0..frames / 2 {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        app.set_cursor((rng >> 33) as usize % end.max(1));
+        jump_seconds.push(frame(&mut app, 100.0 + i as f64 / 60.0));
+    }
+    // The same drag again, rendered: what a window on this machine would show per frame.
+    let mut rendered_seconds = Vec::new();
+    let rendered_frames = (frames / 5).max(10);
+    let mut harness = harness(app, size, 1.0, false);
+    if harness.render().is_ok() {
+        for i in 0..rendered_frames {
+            let started = web_time::Instant::now();
+            harness.state_mut().set_cursor(end * i / rendered_frames);
+            harness.run_steps(1);
+            if harness.render().is_err() {
+                break;
+            }
+            rendered_seconds.push(started.elapsed().as_secs_f64());
+        }
+    }
+    Ok(BenchReport {
+        entries: end,
+        file_bytes,
+        open_seconds,
+        checkpoints,
+        frame_seconds,
+        jump_seconds,
+        largest_state,
+        rendered_seconds,
+    })
+}

@@ -1,0 +1,242 @@
+//! The timeline: allocated, active and reserved bytes over the trace, OOM and `empty_cache`
+//! markers, and the cursor, which the user drags to any moment.
+
+use egui_plot::{Corner, GridMark, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoints, VLine};
+
+use crate::format;
+use crate::model::Run;
+
+/// Most marks labelled on the timeline (beyond that they would be unreadable).
+const MAX_MARK_LABELS: usize = 40;
+
+/// What the timeline remembers between frames.
+#[derive(Clone, Debug)]
+pub struct TimelineState {
+    /// Draw the active bytes too.
+    pub show_active: bool,
+    /// Keep the whole run in view as it grows (live runs).
+    pub follow: bool,
+    /// Draw labelled marks.
+    pub show_marks: bool,
+    /// Where the plot was drawn last frame, and the entries its left and right edges showed
+    /// (for hit tests in tests and tools).
+    pub plot_area: Option<(egui::Rect, f64, f64)>,
+}
+
+impl Default for TimelineState {
+    fn default() -> Self {
+        TimelineState { show_active: true, follow: true, show_marks: true, plot_area: None }
+    }
+}
+
+/// Formats a y-axis value as bytes.
+pub fn bytes_axis(mark: GridMark, _range: &std::ops::RangeInclusive<f64>) -> String {
+    if mark.value < 0.0 { String::new() } else { format::bytes_axis(mark.value as u64) }
+}
+
+/// Points of a series over the x range `[x0, x1]`, about two per pixel.
+pub fn points(series: &mut crate::model::Series, x0: f64, x1: f64, width_px: f32) -> PlotPoints<'static> {
+    let start = x0.floor().max(0.0) as usize;
+    let end = (x1.ceil().max(0.0) as usize).saturating_add(2);
+    PlotPoints::new(series.envelope(start..end, (width_px.max(100.0) * 2.0) as usize))
+}
+
+/// A counter as a plot line over `(x0, x1, width_px)`. egui_plot's band aggregation is off:
+/// it would merge the two points of each step into a slanted band.
+pub fn series_line(
+    name: impl Into<String>,
+    series: &mut crate::model::Series,
+    view: (f64, f64, f32),
+    color: egui::Color32,
+) -> Line<'static> {
+    Line::new(name, points(series, view.0, view.1, view.2)).color(color).allow_band(false)
+}
+
+/// Shows the timeline of `run` with the cursor at `cursor`; returns the cursor the user
+/// dragged or clicked to, if any.
+pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineState) -> Option<usize> {
+    let end = run.end();
+    let x_max = end.max(1) as f64;
+    let y_max = (run.reserved.max().max(run.active.max()).max(1) as f64) * 1.08;
+    let mut moved = None;
+
+    ui.horizontal(|ui| {
+        ui.checkbox(&mut state.show_active, "active");
+        ui.checkbox(&mut state.show_marks, "marks");
+        if run.live {
+            ui.checkbox(&mut state.follow, "follow");
+        }
+        ui.separator();
+        if ui.small_button("⏮").on_hover_text("first entry (Home)").clicked() {
+            moved = Some(0);
+        }
+        if ui.small_button("◀").on_hover_text("previous entry (←)").clicked() {
+            moved = Some(cursor.saturating_sub(1));
+        }
+        if ui.small_button("▶").on_hover_text("next entry (→)").clicked() {
+            moved = Some((cursor + 1).min(end));
+        }
+        if ui.small_button("⏭").on_hover_text("last entry (End)").clicked() {
+            moved = Some(end);
+        }
+        let mut typed = cursor;
+        let drag =
+            ui.add(egui::DragValue::new(&mut typed).range(0..=end).prefix("cursor ").suffix(format!(" / {end}")));
+        if drag.changed() {
+            moved = Some(typed);
+        }
+        ui.label(cursor_text(run, cursor));
+    });
+
+    let plot = Plot::new(("timeline", run.name.as_str()))
+        .legend(Legend::default().position(Corner::LeftTop))
+        .default_x_bounds(0.0, x_max)
+        .default_y_bounds(0.0, y_max)
+        .allow_drag(false)
+        .allow_zoom([true, false])
+        .allow_scroll([true, false])
+        .y_axis_formatter(bytes_axis)
+        .y_grid_spacer(egui_plot::log_grid_spacer(4))
+        .y_axis_min_width(64.0)
+        .x_axis_label("trace entry")
+        .label_formatter(|hover| {
+            let (name, p) = match hover {
+                HoverPosition::NearDataPoint { plot_name, position, .. } => (*plot_name, position),
+                HoverPosition::Elsewhere { position } => ("", position),
+            };
+            let x = p.x.round().max(0.0) as u64;
+            Some(format!("{name}\nafter entry {}\n{}", format::count(x), format::bytes(p.y.max(0.0) as u64)))
+        })
+        .show_crosshair(false);
+
+    let follow = run.live && state.follow;
+    let show_active = state.show_active;
+    let show_marks = state.show_marks;
+    let response = plot.show(ui, |plot_ui| {
+        if follow {
+            plot_ui.set_plot_bounds_x(0.0..=x_max);
+            plot_ui.set_plot_bounds_y(0.0..=y_max);
+        }
+        let bounds = plot_ui.plot_bounds();
+        let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
+        let width = plot_ui.response().rect.width();
+        plot_ui.line(series_line("reserved", &mut run.reserved, (x0, x1, width), format::series::RESERVED));
+        if show_active {
+            plot_ui.line(series_line("active", &mut run.active, (x0, x1, width), format::series::ACTIVE));
+        }
+        plot_ui.line(series_line("allocated", &mut run.allocated, (x0, x1, width), format::series::ALLOCATED));
+        // Markers in view, at most one per pixel column (thousands of OOMs would otherwise
+        // cost thousands of lines a frame).
+        let visible = |markers: &[u32], offset: f64| -> Vec<f64> {
+            let from = markers.partition_point(|&m| (m as f64 + offset) < x0);
+            let per_pixel = (x1 - x0) / f64::from(width.max(1.0));
+            let mut last = f64::NEG_INFINITY;
+            let mut xs = Vec::new();
+            for &m in &markers[from..] {
+                let x = m as f64 + offset;
+                if x > x1 {
+                    break;
+                }
+                if x - last >= per_pixel {
+                    xs.push(x);
+                    last = x;
+                }
+            }
+            xs
+        };
+        for x in visible(&run.markers.ooms, 1.0) {
+            plot_ui.vline(VLine::new("OOM", x).color(format::series::OOM).width(1.5));
+        }
+        for x in visible(&run.markers.empty_cache, 0.0) {
+            plot_ui.vline(
+                VLine::new("empty_cache", x).color(format::series::EMPTY_CACHE).style(LineStyle::dashed_loose()),
+            );
+        }
+        for x in visible(&run.markers.retries, 0.0) {
+            plot_ui.vline(
+                VLine::new("cache released by a malloc", x)
+                    .color(format::series::RETRY)
+                    .style(LineStyle::dotted_dense()),
+            );
+        }
+        for x in visible(&run.markers.collections, 0.0) {
+            plot_ui.vline(
+                VLine::new("garbage collection", x)
+                    .color(egui::Color32::from_gray(150))
+                    .style(LineStyle::dotted_dense()),
+            );
+        }
+        if show_marks && !run.marks.is_empty() {
+            let step = run.marks.len().div_ceil(MAX_MARK_LABELS);
+            for mark in run.marks.iter().step_by(step) {
+                let x = mark.trace_index as f64;
+                if x < x0 || x > x1 {
+                    continue;
+                }
+                plot_ui.text(
+                    egui_plot::Text::new("mark", egui_plot::PlotPoint::new(x, y_max * 0.97), mark.label.as_str())
+                        .color(egui::Color32::from_gray(170))
+                        .anchor(egui::Align2::LEFT_TOP),
+                );
+            }
+        }
+        plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
+        let response = plot_ui.response();
+
+        if response.dragged() || response.clicked() {
+            pointer_entry(plot_ui).map(|p| p.x.round().clamp(0.0, x_max) as usize)
+        } else {
+            None
+        }
+    });
+    let bounds = response.transform.bounds();
+    state.plot_area = Some((*response.transform.frame(), bounds.min()[0], bounds.max()[0]));
+    let picked = response.inner;
+    if let Some(x) = picked {
+        moved = Some(x.min(end));
+    }
+    let keys = ui.ctx().input(|i| {
+        (
+            i.key_pressed(egui::Key::ArrowLeft),
+            i.key_pressed(egui::Key::ArrowRight),
+            i.key_pressed(egui::Key::Home),
+            i.key_pressed(egui::Key::End),
+        )
+    });
+    let typing = ui.ctx().egui_wants_keyboard_input();
+    if !typing {
+        match keys {
+            (true, _, _, _) => moved = Some(cursor.saturating_sub(1)),
+            (_, true, _, _) => moved = Some((cursor + 1).min(end)),
+            (_, _, true, _) => moved = Some(0),
+            (_, _, _, true) => moved = Some(end),
+            _ => {}
+        }
+    }
+    moved.filter(|&m| m != cursor)
+}
+
+/// The plot's x coordinate under the pointer. (egui_plot's own `pointer_coordinate` subtracts
+/// the drag delta, as if dragging panned the plot; here dragging moves the cursor instead.)
+pub fn pointer_entry(plot_ui: &egui_plot::PlotUi<'_>) -> Option<egui_plot::PlotPoint> {
+    let pos = plot_ui.ctx().input(|i| i.pointer.latest_pos())?;
+    Some(plot_ui.plot_from_screen(pos))
+}
+
+/// One line on the entry just before the cursor.
+pub fn cursor_text(run: &Run, cursor: usize) -> String {
+    match cursor.checked_sub(1).and_then(|i| run.trace.get(i)) {
+        None => "before the first entry".into(),
+        Some(e) => {
+            let origin = run.trace.first().map_or(0, |f| f.time_us);
+            format!(
+                "after #{}: {} {} at {} ({})",
+                format::count(cursor as u64 - 1),
+                e.action.name(),
+                format::bytes(e.size),
+                format::address(e.addr),
+                format::seconds_since(e.time_us, origin)
+            )
+        }
+    }
+}
