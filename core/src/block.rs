@@ -183,6 +183,8 @@ pub(crate) struct Blocks {
     len: usize,
     /// Whether any cold part was ever written; until then none needs resetting.
     cold_in_use: bool,
+    /// Blocks whose `stream_uses` is set: while none is, no free needs to read a cold part.
+    with_stream_uses: usize,
 }
 
 impl Blocks {
@@ -234,7 +236,61 @@ impl Blocks {
     #[inline]
     pub(crate) fn is_allocatable(&self, index: u32) -> bool {
         let b = &self.hot[index as usize];
-        !b.allocated && b.event_count == 0 && (!self.cold_in_use || self.cold[index as usize].stream_uses.is_none())
+        !b.allocated
+            && b.event_count == 0
+            && (self.with_stream_uses == 0 || self.cold[index as usize].stream_uses.is_none())
+    }
+
+    /// Adds `stream` to the block's stream uses; `Err(n)` if it already has `u16::MAX` (the most
+    /// events one block can wait for).
+    pub(crate) fn add_stream_use(&mut self, index: u32, stream: StreamId) -> Result<(), usize> {
+        let cold = &mut self.cold[index as usize];
+        let uses = match &mut cold.stream_uses {
+            Some(uses) => uses,
+            None => {
+                self.with_stream_uses += 1;
+                cold.stream_uses.insert(Box::default())
+            }
+        };
+        if !uses.contains(&stream) {
+            if uses.len() >= usize::from(u16::MAX) {
+                return Err(uses.len());
+            }
+            uses.push(stream);
+        }
+        self.cold_in_use = true;
+        Ok(())
+    }
+
+    /// Takes the block's stream uses (empty when it has none).
+    pub(crate) fn take_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
+        if self.with_stream_uses == 0 {
+            return Vec::new();
+        }
+        match self.cold[index as usize].stream_uses.take() {
+            Some(uses) => {
+                self.with_stream_uses -= 1;
+                *uses
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Checks the count of blocks with stream uses against the blocks.
+    pub(crate) fn check_stream_uses(&self) -> Result<(), String> {
+        let counted = self.iter().filter(|(i, _)| self.cold[*i as usize].stream_uses.is_some()).count();
+        if counted != self.with_stream_uses {
+            return Err(format!("{counted} blocks have stream uses but {} are counted", self.with_stream_uses));
+        }
+        Ok(())
+    }
+
+    /// Gives back stream uses taken by [`Blocks::take_stream_uses`] (when recording their
+    /// events failed).
+    pub(crate) fn restore_stream_uses(&mut self, index: u32, uses: Vec<StreamId>) {
+        if !uses.is_empty() && self.cold[index as usize].stream_uses.replace(Box::new(uses)).is_none() {
+            self.with_stream_uses += 1;
+        }
     }
 
     /// The stack recorded for a block.

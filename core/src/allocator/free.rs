@@ -53,10 +53,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// stream uses. If the device fails, the recorded events are returned and the block keeps
     /// its uses, unchanged.
     fn record_free_events(&mut self, id: u32) -> Result<Vec<(StreamId, B::Event)>, AllocatorError> {
-        if self.blocks.cold(id).stream_uses.as_ref().is_none_or(|u| u.is_empty()) {
+        let uses = self.blocks.take_stream_uses(id);
+        if uses.is_empty() {
             return Ok(Vec::new());
         }
-        let uses = self.blocks.cold_mut(id).stream_uses.take().map(|u| *u).unwrap_or_default();
         let mut events = Vec::with_capacity(uses.len());
         for &stream in &uses {
             match self.backend.record_event(stream) {
@@ -65,7 +65,7 @@ impl<B: Backend> CachingAllocator<B> {
                     for (_, event) in events {
                         self.backend.release_event(event);
                     }
-                    self.blocks.cold_mut(id).stream_uses = Some(Box::new(uses));
+                    self.blocks.restore_stream_uses(id, uses);
                     return Err(error.into());
                 }
             }
@@ -81,16 +81,11 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let id = self.live_block(allocation)?;
         if stream != self.blocks[id].stream {
-            let uses = self.blocks.cold_mut(id).stream_uses.get_or_insert_with(Default::default);
-            if !uses.contains(&stream) {
-                if uses.len() >= usize::from(u16::MAX) {
-                    return Err(AllocatorError::Unsupported(format!(
-                        "record_stream: the block at {:#x} is already used on {} streams",
-                        allocation.address(),
-                        uses.len()
-                    )));
-                }
-                uses.push(stream);
+            if let Err(count) = self.blocks.add_stream_use(id, stream) {
+                return Err(AllocatorError::Unsupported(format!(
+                    "record_stream: the block at {:#x} is already used on {count} streams",
+                    allocation.address()
+                )));
             }
         }
         Ok(())

@@ -279,6 +279,7 @@ impl<B: Backend> CachingAllocator<B> {
         if pending != counted {
             return Err(format!("{pending} events outstanding but blocks count {counted}"));
         }
+        self.blocks.check_stream_uses()?;
         if reserved_total != self.total_allocated_memory {
             return Err(format!("device bytes {} but segments hold {reserved_total}", self.total_allocated_memory));
         }
