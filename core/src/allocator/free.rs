@@ -80,13 +80,13 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(());
         }
         let id = self.live_block(allocation)?;
-        if stream != self.blocks[id].stream {
-            if let Err(count) = self.blocks.add_stream_use(id, stream) {
-                return Err(AllocatorError::Unsupported(format!(
-                    "record_stream: the block at {:#x} is already used on {count} streams",
-                    allocation.address()
-                )));
-            }
+        if stream != self.blocks[id].stream
+            && let Err(count) = self.blocks.add_stream_use(id, stream)
+        {
+            return Err(AllocatorError::Unsupported(format!(
+                "record_stream: the block at {:#x} is already used on {count} streams",
+                allocation.address()
+            )));
         }
         Ok(())
     }
