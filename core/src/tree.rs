@@ -326,84 +326,128 @@ mod avl {
         O::key(&blocks[id as usize])
     }
 
+    /// Deepest path an AVL tree can have here: a tree of height 48 would hold more blocks than
+    /// `u32` indices can name (an AVL tree of height h has at least Fib(h + 2) - 1 nodes).
+    const MAX_DEPTH: usize = 48;
+
+    /// The path from the root to a node: the nodes and, as bits, whether the walk went left.
+    struct Path {
+        nodes: [u32; MAX_DEPTH],
+        left: u64,
+        len: usize,
+    }
+
+    impl Path {
+        fn new() -> Self {
+            Path { nodes: [NIL; MAX_DEPTH], left: 0, len: 0 }
+        }
+
+        fn push(&mut self, node: u32, left: bool) {
+            self.nodes[self.len] = node;
+            self.left = (self.left & !(1 << self.len)) | (u64::from(left) << self.len);
+            self.len += 1;
+        }
+
+        fn went_left(&self, at: usize) -> bool {
+            self.left >> at & 1 == 1
+        }
+    }
+
+    /// Makes `child` the child of `path.nodes[at - 1]` on the side the path took, or the root
+    /// when `at` is 0.
+    fn relink(blocks: &mut [Block], path: &Path, at: usize, root: &mut u32, child: u32) {
+        if at == 0 {
+            *root = child;
+        } else if path.went_left(at - 1) {
+            blocks[path.nodes[at - 1] as usize].left = child;
+        } else {
+            blocks[path.nodes[at - 1] as usize].right = child;
+        }
+    }
+
+    /// Rebalances the nodes of `path[..len]` from the deepest up, stopping at the first one
+    /// whose height comes out unchanged: nothing above it changes. Returns the root.
+    fn retrace(blocks: &mut [Block], path: &Path, len: usize, mut root: u32) -> u32 {
+        for at in (0..len).rev() {
+            let node = path.nodes[at];
+            let before = blocks[node as usize].height;
+            let top = rebalance(blocks, node);
+            if top != node {
+                relink(blocks, path, at, &mut root, top);
+            }
+            if blocks[top as usize].height == before {
+                break;
+            }
+        }
+        root
+    }
+
+    /// Inserts `id`; returns the new root. Walks down once, then back up only as far as heights
+    /// change (most inserts touch one or two levels on the way up).
     pub(super) fn insert<O: Order>(blocks: &mut [Block], root: u32, id: u32) -> u32 {
         let b = &mut blocks[id as usize];
         b.left = NIL;
         b.right = NIL;
         b.height = 1;
+        if root == NIL {
+            return id;
+        }
         let k = O::key(b);
-        insert_below::<O>(blocks, root, id, k).0
-    }
-
-    /// Inserts below `node`; returns the subtree's new root and whether it grew. Above the
-    /// first subtree that did not grow nothing changes but a link, so the walk back up stops
-    /// touching heights there (most inserts rebalance one or two levels, not all of them).
-    fn insert_below<O: Order>(blocks: &mut [Block], node: u32, id: u32, k: Key) -> (u32, bool) {
-        if node == NIL {
-            return (id, true);
+        let mut path = Path::new();
+        let mut node = root;
+        loop {
+            let go_left = k < key::<O>(blocks, node);
+            path.push(node, go_left);
+            let n = &mut blocks[node as usize];
+            let child = if go_left { &mut n.left } else { &mut n.right };
+            if *child == NIL {
+                *child = id;
+                break;
+            }
+            node = *child;
         }
-        let grew = if k < key::<O>(blocks, node) {
-            let (left, grew) = insert_below::<O>(blocks, blocks[node as usize].left, id, k);
-            blocks[node as usize].left = left;
-            grew
-        } else {
-            let (right, grew) = insert_below::<O>(blocks, blocks[node as usize].right, id, k);
-            blocks[node as usize].right = right;
-            grew
-        };
-        if !grew {
-            return (node, false);
-        }
-        let before = blocks[node as usize].height;
-        let root = rebalance(blocks, node);
-        (root, blocks[root as usize].height > before)
+        retrace(blocks, &path, path.len, root)
     }
 
     /// Removes `id`; returns the new root and whether it was found.
     pub(super) fn remove<O: Order>(blocks: &mut [Block], root: u32, id: u32) -> (u32, bool) {
-        let mut found = false;
         let k = key::<O>(blocks, id);
-        let (root, _) = remove_below::<O>(blocks, root, k, &mut found);
-        (root, found)
-    }
-
-    /// Removes the member with key `k` below `node`; returns the subtree's new root and whether
-    /// it shrank (as for inserts, an unchanged height ends the rebalancing).
-    fn remove_below<O: Order>(blocks: &mut [Block], node: u32, k: Key, found: &mut bool) -> (u32, bool) {
-        if node == NIL {
-            return (NIL, false);
-        }
-        let here = key::<O>(blocks, node);
-        let (left, right) = (blocks[node as usize].left, blocks[node as usize].right);
-        let shrank = if k < here {
-            let (left, shrank) = remove_below::<O>(blocks, left, k, found);
-            blocks[node as usize].left = left;
-            shrank
-        } else if k > here {
-            let (right, shrank) = remove_below::<O>(blocks, right, k, found);
-            blocks[node as usize].right = right;
-            shrank
-        } else {
-            *found = true;
-            if left == NIL {
-                return (right, true);
+        let mut path = Path::new();
+        let mut node = root;
+        while node != id {
+            if node == NIL {
+                return (root, false);
             }
-            if right == NIL {
-                return (left, true);
-            }
-            let before = blocks[node as usize].height;
-            let (rest, min, _) = remove_min(blocks, right);
-            blocks[min as usize].left = left;
-            blocks[min as usize].right = rest;
-            let root = rebalance(blocks, min);
-            return (root, blocks[root as usize].height < before);
-        };
-        if !shrank {
-            return (node, false);
+            let go_left = k < key::<O>(blocks, node);
+            path.push(node, go_left);
+            node = if go_left { blocks[node as usize].left } else { blocks[node as usize].right };
         }
-        let before = blocks[node as usize].height;
-        let root = rebalance(blocks, node);
-        (root, blocks[root as usize].height < before)
+        let mut root = root;
+        let at = path.len;
+        let (left, right) = (blocks[id as usize].left, blocks[id as usize].right);
+        if left == NIL || right == NIL {
+            // One child or none: it takes the removed node's place.
+            relink(blocks, &path, at, &mut root, if left == NIL { right } else { left });
+            return (retrace(blocks, &path, at, root), true);
+        }
+        // Two children: the successor (leftmost of the right subtree) takes the node's place, and
+        // the walk back up starts from where the successor was.
+        path.push(id, false);
+        let mut successor = right;
+        while blocks[successor as usize].left != NIL {
+            path.push(successor, true);
+            successor = blocks[successor as usize].left;
+        }
+        let successor_right = blocks[successor as usize].right;
+        relink(blocks, &path, path.len, &mut root, successor_right);
+        let height = blocks[id as usize].height;
+        let s = &mut blocks[successor as usize];
+        s.left = left;
+        s.right = if path.len == at + 1 { successor_right } else { right };
+        s.height = height;
+        path.nodes[at] = successor;
+        relink(blocks, &path, at, &mut root, successor);
+        (retrace(blocks, &path, path.len, root), true)
     }
 
     /// The first member with a key `>= k`.
@@ -559,23 +603,6 @@ mod avl {
             return rotate_left(blocks, node);
         }
         node
-    }
-
-    /// Detaches the minimum of the subtree at `node`; returns (new subtree root, minimum,
-    /// whether the subtree shrank).
-    fn remove_min(blocks: &mut [Block], node: u32) -> (u32, u32, bool) {
-        let left = blocks[node as usize].left;
-        if left == NIL {
-            return (blocks[node as usize].right, node, true);
-        }
-        let (rest, min, shrank) = remove_min(blocks, left);
-        blocks[node as usize].left = rest;
-        if !shrank {
-            return (node, min, false);
-        }
-        let before = blocks[node as usize].height;
-        let root = rebalance(blocks, node);
-        (root, min, blocks[root as usize].height < before)
     }
 }
 
