@@ -27,9 +27,9 @@ pub(crate) enum Location {
 }
 
 /// One block: a range of a segment. Exactly one cache line: everything an allocation or a free
-/// reads, including the links of the ordered set the block is in (whose keys are the block's
-/// own `size`/`ptr`/`stream`, which never change while it is in a set). What only some
-/// configurations need lives in [`BlockCold`].
+/// reads, including the AVL links used while the block is unmapped VA (the free set keeps its
+/// own keys; either way the block's `size`/`ptr`/`stream` never change while it is in a set).
+/// What only some configurations need lives in [`BlockCold`].
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Block {
@@ -41,7 +41,7 @@ pub(crate) struct Block {
     pub stream: StreamId,
     pub prev: u32,
     pub next: u32,
-    /// Links of the AVL tree of the set the block is in.
+    /// Links of the unmapped-VA AVL tree, while the block is in it.
     pub left: u32,
     pub right: u32,
     pub segment: u32,
@@ -50,7 +50,7 @@ pub(crate) struct Block {
     pub generation: u32,
     /// Outstanding cross-stream events.
     pub event_count: u16,
-    /// Height of the block in its AVL tree.
+    /// Height of the block in the unmapped-VA AVL tree.
     pub height: u8,
     pub pool: PoolKind,
     pub allocated: bool,

@@ -1,22 +1,24 @@
 //! The ordered sets of blocks (PyTorch's `std::set<Block*>` with its comparators), without heap
-//! allocation and with short walks.
+//! allocation on the cache-hit path and with short searches.
 //!
 //! Why not `BTreeSet`: inserting and removing allocates and frees nodes, and the cache-hit path
-//! must not touch the heap. Here the links live in the blocks themselves (a block is in at most
-//! one set at a time, so one set of links suffices) and the keys are the blocks' own fields, so
-//! a step of a walk reads one cache line. Two structures are built on AVL trees over them:
+//! must not touch the heap. Two structures instead:
 //!
-//! - [`BlockTree`]: one tree, for the unmapped VA of expandable segments (ordered by stream and
-//!   address; rarely touched).
+//! - [`BlockTree`]: an AVL tree threaded through the blocks' own links, for the unmapped VA of
+//!   expandable segments (ordered by stream and address; rarely touched).
 //! - [`FreeIndex`]: the best-fit set of free blocks, ordered exactly like PyTorch 2.11's
 //!   `(stream, size, address)`. Per stream it splits sizes into 3,200 classes (64 per power of
-//!   two, like TLSF) with a two-level bitmap of the non-empty ones, and keeps one small AVL tree
-//!   per class. Best fit is then a bit scan plus a walk in a tree that rarely holds more than a
-//!   few blocks, instead of a walk through every free block of the pool; the order, and so every
-//!   tie-break, is the same as one big tree's.
+//!   two, like TLSF) with a two-level bitmap of the non-empty ones, and keeps one sorted chunk
+//!   list per class ([`chunks`]; its chunks come from one recycled arena). Best fit is then a
+//!   bit scan plus two short binary searches over contiguous keys, instead of a walk through
+//!   every free block of the pool; the order, and so every tie-break, is the same as one big
+//!   tree's.
 
 use crate::backend::StreamId;
 use crate::block::{Block, Blocks, NIL};
+use chunks::{Arena, List};
+
+mod chunks;
 
 /// A key, compared lexicographically: (size, address) within one stream's size class, or
 /// (stream, address) in the address set.
@@ -110,11 +112,11 @@ fn size_class(size: u64) -> usize {
     }
 }
 
-/// One stream's classes: a tree root per class and bitmaps of the non-empty classes.
+/// One stream's classes: an ordered list per class and bitmaps of the non-empty classes.
 #[derive(Clone, Debug)]
 struct StreamClasses {
     stream: StreamId,
-    roots: Box<[u32]>,
+    lists: Box<[List]>,
     /// Bit `g` set when `bits[g]` is non-zero.
     groups: u64,
     /// Bit `c % 64` of `bits[c / 64]` set when class `c` is non-empty.
@@ -123,13 +125,13 @@ struct StreamClasses {
 
 impl StreamClasses {
     fn new(stream: StreamId) -> Self {
-        StreamClasses { stream, roots: vec![NIL; CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
+        StreamClasses { stream, lists: vec![List::default(); CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
     }
 
-    fn set_root(&mut self, class: usize, root: u32) {
-        self.roots[class] = root;
+    /// Brings class `class`'s bits up to date after its list changed.
+    fn mark(&mut self, class: usize) {
         let (g, bit) = (class / 64, 1u64 << (class % 64));
-        if root == NIL {
+        if self.lists[class].is_empty() {
             self.bits[g] &= !bit;
             if self.bits[g] == 0 {
                 self.groups &= !(1 << g);
@@ -181,6 +183,8 @@ pub(crate) struct FreeIndex {
     /// Sorted by stream. Entries stay once created, so later inserts on a stream allocate
     /// nothing.
     streams: Vec<StreamClasses>,
+    /// The chunks of every class's list.
+    arena: Arena,
     len: usize,
 }
 
@@ -190,9 +194,8 @@ impl FreeIndex {
         self.streams.iter().find(|s| s.stream == stream)
     }
 
-    pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: u32) {
+    pub(crate) fn insert(&mut self, blocks: &Blocks, id: u32) {
         let b = &blocks[id];
-        let size = b.size;
         let stream = b.stream;
         let index = match self.streams.iter().position(|s| s.stream == stream) {
             Some(i) => i,
@@ -203,38 +206,39 @@ impl FreeIndex {
             }
         };
         let classes = &mut self.streams[index];
-        let class = size_class(size);
-        let root = avl::insert::<BySize>(blocks.slice_mut(), classes.roots[class], id);
-        classes.set_root(class, root);
+        let class = size_class(b.size);
+        classes.lists[class].insert(&mut self.arena, BySize::key(b), id);
+        classes.mark(class);
         self.len += 1;
     }
 
-    pub(crate) fn remove(&mut self, blocks: &mut Blocks, id: u32) {
-        let (stream, size) = (blocks[id].stream, blocks[id].size);
-        let Some(classes) = self.streams.iter_mut().find(|s| s.stream == stream) else {
+    pub(crate) fn remove(&mut self, blocks: &Blocks, id: u32) {
+        let b = &blocks[id];
+        let Some(classes) = self.streams.iter_mut().find(|s| s.stream == b.stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };
-        let class = size_class(size);
-        let (root, found) = avl::remove::<BySize>(blocks.slice_mut(), classes.roots[class], id);
+        let class = size_class(b.size);
+        let found = classes.lists[class].remove(&mut self.arena, BySize::key(b));
         debug_assert!(found, "block {id} not in its set");
-        classes.set_root(class, root);
+        classes.mark(class);
         self.len -= usize::from(found);
+    }
+
+    /// The first block of the first non-empty class after `class`.
+    fn first_after_class(&self, classes: &StreamClasses, class: usize) -> Option<u32> {
+        classes.first_from(class + 1).and_then(|c| classes.lists[c].first(&self.arena))
     }
 
     /// The smallest block of `stream` with at least `size` bytes (lowest address among equals):
     /// PyTorch's `lower_bound((stream, size))` restricted to the stream.
     #[inline]
-    pub(crate) fn lower_bound(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
+    pub(crate) fn lower_bound(&self, stream: StreamId, size: u64) -> Option<u32> {
         let classes = self.stream(stream)?;
         let class = size_class(size);
-        let root = classes.roots[class];
-        if root != NIL
-            && let Some(id) = avl::lower_bound::<BySize>(blocks.slice(), root, (size, 0))
-        {
-            return Some(id);
-        }
-        classes.first_from(class + 1).and_then(|c| avl::first(blocks.slice(), classes.roots[c]))
+        classes.lists[class]
+            .first_from(&self.arena, (size, 0), false)
+            .or_else(|| self.first_after_class(classes, class))
     }
 
     /// The next block of the same stream.
@@ -242,38 +246,38 @@ impl FreeIndex {
         let key = BySize::key(&blocks[id]);
         let classes = self.stream(blocks[id].stream)?;
         let class = size_class(key.0);
-        avl::after::<BySize>(blocks.slice(), classes.roots[class], key)
-            .or_else(|| classes.first_from(class + 1).and_then(|c| avl::first(blocks.slice(), classes.roots[c])))
+        classes.lists[class].first_from(&self.arena, key, true).or_else(|| self.first_after_class(classes, class))
     }
 
     /// The previous block of the same stream.
     pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        self.last_below_key(blocks, blocks[id].stream, BySize::key(&blocks[id]))
+        self.last_below_key(blocks[id].stream, BySize::key(&blocks[id]))
     }
 
     /// The largest block of `stream` smaller than `size` bytes.
-    pub(crate) fn last_below(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
-        self.last_below_key(blocks, stream, (size, 0))
+    pub(crate) fn last_below(&self, stream: StreamId, size: u64) -> Option<u32> {
+        self.last_below_key(stream, (size, 0))
     }
 
-    fn last_below_key(&self, blocks: &Blocks, stream: StreamId, key: Key) -> Option<u32> {
+    fn last_below_key(&self, stream: StreamId, key: Key) -> Option<u32> {
         let classes = self.stream(stream)?;
         let class = size_class(key.0);
-        avl::before::<BySize>(blocks.slice(), classes.roots[class], key)
-            .or_else(|| classes.last_before(class).and_then(|c| avl::last(blocks.slice(), classes.roots[c])))
+        classes.lists[class]
+            .last_before(&self.arena, key)
+            .or_else(|| classes.last_before(class).and_then(|c| classes.lists[c].last(&self.arena)))
     }
 
     /// All blocks in set order.
-    pub(crate) fn to_vec(&self, blocks: &Blocks) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.len);
+    pub(crate) fn to_vec(&self) -> Vec<u32> {
+        let mut entries = Vec::with_capacity(self.len);
         for classes in &self.streams {
             let mut class = classes.first_from(0);
             while let Some(c) = class {
-                avl::in_order(blocks.slice(), classes.roots[c], &mut out);
+                classes.lists[c].extend_into(&self.arena, &mut entries);
                 class = classes.first_from(c + 1);
             }
         }
-        out
+        entries.into_iter().map(|(_, id)| id).collect()
     }
 
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
@@ -282,25 +286,28 @@ impl FreeIndex {
             if i > 0 && self.streams[i - 1].stream >= classes.stream {
                 return Err("free index streams out of order".into());
             }
-            // Only the classes the bitmap marks are visited: a non-empty tree the bitmap misses
+            // Only the classes the bitmap marks are visited: a non-empty list the bitmap misses
             // leaves its members uncounted, which the total below catches.
             let mut class = classes.first_from(0);
             while let Some(c) = class {
-                let root = classes.roots[c];
-                if root == NIL {
+                class = classes.first_from(c + 1);
+                let list = &classes.lists[c];
+                if list.is_empty() {
                     return Err(format!("size class {c} is marked but empty"));
                 }
-                let n = avl::check::<BySize>(blocks.slice(), root, None, None)?.1;
+                let n = list.check(&self.arena)?;
                 let mut members = Vec::new();
-                avl::in_order(blocks.slice(), root, &mut members);
-                for id in members {
+                list.extend_into(&self.arena, &mut members);
+                for (key, id) in members {
                     let b = &blocks[id];
                     if b.stream != classes.stream || size_class(b.size) != c {
                         return Err(format!("block {id} sits in the wrong stream or size class"));
                     }
+                    if BySize::key(b) != key {
+                        return Err(format!("block {id} is filed under a stale key {key:?}"));
+                    }
                 }
                 total += n;
-                class = classes.first_from(c + 1);
             }
             for g in 0..GROUPS {
                 if (classes.groups >> g & 1 == 1) != (classes.bits[g] != 0) {
@@ -483,57 +490,6 @@ mod avl {
         (best != NIL).then_some(best)
     }
 
-    /// The last member with a key `< k`.
-    pub(super) fn before<O: Order>(blocks: &[Block], root: u32, k: Key) -> Option<u32> {
-        let mut node = root;
-        let mut best = NIL;
-        while node != NIL {
-            let b = &blocks[node as usize];
-            if O::key(b) < k {
-                best = node;
-                node = b.right;
-            } else {
-                node = b.left;
-            }
-        }
-        (best != NIL).then_some(best)
-    }
-
-    pub(super) fn first(blocks: &[Block], mut node: u32) -> Option<u32> {
-        if node == NIL {
-            return None;
-        }
-        while blocks[node as usize].left != NIL {
-            node = blocks[node as usize].left;
-        }
-        Some(node)
-    }
-
-    pub(super) fn last(blocks: &[Block], mut node: u32) -> Option<u32> {
-        if node == NIL {
-            return None;
-        }
-        while blocks[node as usize].right != NIL {
-            node = blocks[node as usize].right;
-        }
-        Some(node)
-    }
-
-    pub(super) fn in_order(blocks: &[Block], root: u32, out: &mut Vec<u32>) {
-        let mut stack = Vec::new();
-        let mut node = root;
-        while node != NIL || !stack.is_empty() {
-            while node != NIL {
-                stack.push(node);
-                node = blocks[node as usize].left;
-            }
-            if let Some(top) = stack.pop() {
-                out.push(top);
-                node = blocks[top as usize].right;
-            }
-        }
-    }
-
     /// Checks shape, balance and ordering; returns (height, members).
     pub(super) fn check<O: Order>(
         blocks: &[Block],
@@ -651,19 +607,19 @@ mod tests {
                 // Sizes across many classes, with many exact repeats.
                 let size = if x.is_multiple_of(5) { 1 << 20 } else { 512 << ((x >> 8) % 24) } + (x >> 40) % 4 * 512;
                 let id = add(&mut blocks, (x >> 4) % 3 * 0x1000, size, step * 4096);
-                index.insert(&mut blocks, id);
+                index.insert(&blocks, id);
                 reference.insert((key(&blocks, id), id));
                 ids.push(id);
             } else {
                 let id = ids.swap_remove((x >> 20) as usize % ids.len());
                 reference.remove(&(key(&blocks, id), id));
-                index.remove(&mut blocks, id);
+                index.remove(&blocks, id);
                 blocks.remove(id);
             }
             if step % 101 == 0 {
                 index.check(&blocks).unwrap();
                 let ordered: Vec<u32> = reference.iter().map(|&(_, id)| id).collect();
-                assert_eq!(index.to_vec(&blocks), ordered);
+                assert_eq!(index.to_vec(), ordered);
                 for stream in [0, 0x1000, 0x2000] {
                     let probe = 512 << ((x >> 12) % 26);
                     let expected = reference
@@ -671,13 +627,13 @@ mod tests {
                         .next()
                         .filter(|((s, _, _), _)| *s == stream)
                         .map(|&(_, id)| id);
-                    assert_eq!(index.lower_bound(&blocks, StreamId(stream), probe), expected);
+                    assert_eq!(index.lower_bound(StreamId(stream), probe), expected);
                     let below = reference
                         .range(..((stream, probe, 0), 0))
                         .next_back()
                         .filter(|((s, _, _), _)| *s == stream)
                         .map(|&(_, id)| id);
-                    assert_eq!(index.last_below(&blocks, StreamId(stream), probe), below);
+                    assert_eq!(index.last_below(StreamId(stream), probe), below);
                 }
                 for w in ordered.windows(2) {
                     let same_stream = blocks[w[0]].stream == blocks[w[1]].stream;

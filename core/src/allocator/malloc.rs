@@ -87,7 +87,7 @@ impl<B: Backend> CachingAllocator<B> {
             self.gc_clock_started = true;
         }
         let stream = request.stream;
-        let mut it = pool.free.lower_bound(&self.blocks, stream, request.size)?;
+        let mut it = pool.free.lower_bound(stream, request.size)?;
         if self.blocks[it].stream != stream {
             return None;
         }

@@ -262,7 +262,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn largest_free_block(&self) -> u64 {
         [&self.small, &self.large]
             .iter()
-            .flat_map(|pool| pool.free.to_vec(&self.blocks))
+            .flat_map(|pool| pool.free.to_vec())
             .map(|id| self.blocks[id].size)
             .max()
             .unwrap_or(0)
@@ -385,7 +385,7 @@ impl<B: Backend> CachingAllocator<B> {
             self.blocks.cold_mut(id).gc_count_base = pool.free_blocks_call_count;
         }
         self.blocks[id].location = Location::Free;
-        pool.free.insert(&mut self.blocks, id);
+        pool.free.insert(&self.blocks, id);
     }
 
     #[inline]
@@ -394,7 +394,7 @@ impl<B: Backend> CachingAllocator<B> {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         };
-        pool.free.remove(&mut self.blocks, id);
+        pool.free.remove(&self.blocks, id);
         self.blocks[id].location = Location::Detached;
     }
 

@@ -28,7 +28,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// expandable blocks (releasing a reservation once nothing in it is mapped).
     fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocatorError> {
         let mut to_unmap = Vec::new();
-        for id in self.pool(kind).free.to_vec(&self.blocks) {
+        for id in self.pool(kind).free.to_vec() {
             let b = &self.blocks[id];
             if b.expandable {
                 to_unmap.push(id);
@@ -78,7 +78,7 @@ impl<B: Backend> CachingAllocator<B> {
         let stream = request.stream;
         let key_size = request.size.max(max_split);
         let tree = &self.pool(request.pool).free;
-        let found = tree.lower_bound(&self.blocks, stream, key_size);
+        let found = tree.lower_bound(stream, key_size);
         match found {
             // Expandable blocks are never released here: PyTorch 2.11 would try to cudaFree
             // them (pytorch#123548); newer releases skip them, and so do we. Nor are split
@@ -93,7 +93,7 @@ impl<B: Backend> CachingAllocator<B> {
                 // No single block is large enough: free oversize blocks from the largest down.
                 let mut cursor = match found {
                     Some(id) => tree.predecessor(&self.blocks, id),
-                    None => tree.last_below(&self.blocks, stream, key_size),
+                    None => tree.last_below(stream, key_size),
                 };
                 let mut released = 0u64;
                 while let Some(id) = cursor {
@@ -135,7 +135,7 @@ impl<B: Backend> CachingAllocator<B> {
 
         let mut total_age: i64 = 0;
         let mut count: i64 = 0;
-        for id in self.large.free.to_vec(&self.blocks) {
+        for id in self.large.free.to_vec() {
             if collectable(&self.blocks[id]) {
                 total_age += age(&self.blocks, id);
                 count += 1;
@@ -147,7 +147,7 @@ impl<B: Backend> CachingAllocator<B> {
             let average = total_age as f64 / count as f64;
             freed_any = false;
             // Don't stop at the target within a pass: GC should not run again soon.
-            for id in self.large.free.to_vec(&self.blocks) {
+            for id in self.large.free.to_vec() {
                 let b = &self.blocks[id];
                 if collectable(b) && age(&self.blocks, id) as f64 >= average {
                     freed_any = true;
