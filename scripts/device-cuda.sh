@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds, here (no GPU or CUDA toolkit needed), the CUDA backend's GPU tests and the op-file
-# replay benchmark in release, strips them into the git-ignored .device-bin/ together with the
-# shared data they read (reference marks, bench scripts, trace pickles), writes
-# .device-bin/run.sh, and prints the command to run on the device machine, which has no Rust.
+# Builds, here (no GPU or CUDA toolkit needed), the CUDA backend's GPU tests and the `cachalot`
+# binary (for `cachalot bench`) in release, strips them into the git-ignored .device-bin/
+# together with the shared data they read (reference marks, bench scripts, trace pickles),
+# writes .device-bin/run.sh, and prints the command to run on the device machine, which has no Rust.
 #
 #   scripts/device-cuda.sh            # then run the printed command with carry [".device-bin"]
 #
@@ -24,31 +24,19 @@ done
     exit 1
 }
 
-# The executables of cargo's JSON messages whose target is named $1.
-executables() {
-    if command -v jq >/dev/null; then
-        jq -r --arg name "$1" 'select(.reason == "compiler-artifact" and .target.name == $name and .executable != null) | .executable'
-    else
-        python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-    fi
-}
+source scripts/lib/executables.sh
 
 echo "building the GPU tests and the benchmark (release, target dir $CARGO_TARGET_DIR) ..." >&2
 tests_exe=$(cargo test --release -p cachalot-cuda --test cuda --no-run --message-format=json-render-diagnostics \
     | executables cuda | tail -n 1)
-bench_exe=$(cargo build --release -p cachalot-cuda --example replay_bench --message-format=json-render-diagnostics \
-    | executables replay_bench | tail -n 1)
+bench_exe=$(cargo build --release --locked -p cachalot-viewer --bin cachalot --message-format=json-render-diagnostics \
+    | executables cachalot | tail -n 1)
 [[ -x $tests_exe && -x $bench_exe ]] || { echo "device-cuda.sh: build produced no executables" >&2; exit 1; }
 
 rm -rf "$bin"
 mkdir -p "$bin/shared/traces" "$bin/shared/bench"
 strip -o "$bin/cuda-tests" "$tests_exe"
-strip -o "$bin/replay_bench" "$bench_exe"
+strip -o "$bin/cachalot" "$bench_exe"
 cp -r "$shared/traces/pytorch-2.11-h200" "$bin/shared/traces/"
 cp "$shared"/bench/*.py "$shared"/bench/*.sh "$bin/shared/bench/"
 chmod -R u+w "$bin"
@@ -59,8 +47,8 @@ cat >"$bin/run.sh" <<'RUN'
 #   bash .device-bin/run.sh [all|tests|bench] [test-name filter ...]
 # tests: every GPU test with CACHALOT_REQUIRE_CUDA=1 (a missing GPU fails them), one at a time.
 # bench: the standard op files (shared/bench/workloads.sh), PyTorch's caching allocator
-#        (torch_alloc_bench.py) and cachalot's CUDA backend (replay_bench) in the same run, and
-#        the ratio per file. Logs and results go to $OUT.
+#        (torch_alloc_bench.py), cachalot's CUDA backend and the simulator (`cachalot bench`)
+#        in the same run, and the ratio per file. Logs and results go to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}
@@ -81,8 +69,10 @@ if [[ $mode == all || $mode == bench ]]; then
     python3 "$here/shared/bench/torch_alloc_bench.py" "$ops"/*.ops --skip-cudamalloc --json "$out/torch.json" 2>&1 \
         | tee "$out/torch.txt"
     [[ ${PIPESTATUS[0]} == 0 ]] || status=1
-    "$here/replay_bench" --backend cuda "$ops"/*.ops 2>&1 | tee "$out/cachalot.txt"
-    [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+    for backend in cuda sim; do
+        "$here/cachalot" bench --backend $backend "$ops"/*.ops 2>&1 | tee -a "$out/cachalot.txt"
+        [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+    done
     awk '$2 == "pytorch-caching" { t[$1] = $3 } $2 == "cachalot-cuda" { c[$1] = $3 }
          END { for (f in c) if (f in t) printf "%-28s %12.1f %12.1f %8.3f\n", f, t[f], c[f], c[f] / t[f] }' \
         "$out/torch.txt" "$out/cachalot.txt" | sort >"$out/ratios.body"
@@ -96,7 +86,7 @@ chmod +x "$bin/run.sh"
 
 size=$(du -sh "$bin" | cut -f1)
 cat <<EOF
-.device-bin/ is ready ($size): cuda-tests, replay_bench, run.sh, shared/ (reference marks, bench scripts, trace pickles).
+.device-bin/ is ready ($size): cuda-tests, cachalot, run.sh, shared/ (reference marks, bench scripts, trace pickles).
 
 Device command (device tool: command as below, carry [".device-bin"], timeout_s 600):
 

@@ -32,19 +32,7 @@ done
     exit 1
 }
 
-# The executables of cargo's JSON messages whose target is named $1.
-executables() {
-    if command -v jq >/dev/null; then
-        jq -r --arg name "$1" 'select(.reason == "compiler-artifact" and .target.name == $name and .executable != null) | .executable'
-    else
-        python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-    fi
-}
+source scripts/lib/executables.sh
 
 echo "building cachalot and the runtime tests (release, target dir $CARGO_TARGET_DIR) ..." >&2
 cli_exe=$(cargo build --release --locked -p cachalot-viewer --bin cachalot --message-format=json-render-diagnostics \

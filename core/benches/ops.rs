@@ -17,10 +17,12 @@ use std::alloc::{Layout, alloc, dealloc};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use cachalot_core::AllocatorConfig;
+use cachalot_core::ops::timing::{TIMED_REPLAYS, WARMUP_REPLAYS, median, time_on_sim};
 use cachalot_core::ops::{Op, OpFile};
-use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
 
-const REPLAYS: usize = 5;
+/// An H200's memory, the largest GPU of the traces.
+const SIM_CAPACITY: u64 = 150_109_880_320;
 
 fn main() {
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
@@ -37,11 +39,13 @@ fn main() {
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let ops = OpFile::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let ours = median(bench_cachalot(&ops));
+        let ours = time_on_sim(&ops, SIM_CAPACITY, AllocatorConfig::default(), TIMED_REPLAYS)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .median;
         // CACHALOT_BENCH_NO_REFERENCE=1 skips the reference (e.g. to profile cachalot alone).
         let system = match std::env::var_os("CACHALOT_BENCH_NO_REFERENCE") {
             Some(_) => f64::NAN,
-            None => median(bench_system(&ops)),
+            None => median(&bench_system(&ops)),
         };
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         println!("{name:<30} {ours:>10.1} {system:>16.1} {:>8.2}", ours / system);
@@ -53,23 +57,9 @@ fn main() {
     }
 }
 
-fn bench_cachalot(ops: &OpFile) -> Vec<f64> {
-    let mut allocator = CachingAllocator::new(SimBackend::new(150_109_880_320), AllocatorConfig::default())
-        .expect("default configuration");
-    let mut handles = vec![None; ops.handles];
-    (0..=REPLAYS)
-        .map(|_| {
-            let start = Instant::now();
-            ops.replay(&mut allocator, &mut handles, true).expect("replay");
-            start.elapsed().as_nanos() as f64 / ops.ops.len() as f64
-        })
-        .skip(1)
-        .collect()
-}
-
 fn bench_system(ops: &OpFile) -> Vec<f64> {
     let mut handles: Vec<Option<(*mut u8, Layout)>> = vec![None; ops.handles];
-    (0..=REPLAYS)
+    (0..WARMUP_REPLAYS + TIMED_REPLAYS)
         .map(|_| {
             let start = Instant::now();
             for op in &ops.ops {
@@ -91,13 +81,8 @@ fn bench_system(ops: &OpFile) -> Vec<f64> {
             }
             start.elapsed().as_nanos() as f64 / ops.ops.len() as f64
         })
-        .skip(1)
+        .skip(WARMUP_REPLAYS)
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn ops_dir() -> PathBuf {

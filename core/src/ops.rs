@@ -1,7 +1,10 @@
 //! Op files: the common input of every allocator benchmark (`shared/bench/make_ops.py`).
 //!
 //! One op per line: `a ID SIZE [STREAM]` allocates SIZE bytes as handle ID, `f ID` frees it;
-//! `#` starts a comment. IDs are dense and not reused while live.
+//! `#` starts a comment. IDs are dense and not reused while live. [`timing`] times replays of
+//! them the way PyTorch's reference harness does.
+
+pub mod timing;
 
 use crate::allocator::{Allocation, CachingAllocator};
 use crate::backend::{Backend, StreamId};

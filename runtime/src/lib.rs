@@ -13,7 +13,8 @@
 //! - [`runtime`]: [`Runtime`] and [`Tensor`];
 //! - [`experiments`]: `seeds`, `mlp-train`, `matmul-sweep`, `ops`;
 //! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
-//! - [`trace`]: traces with addresses made comparable; [`compare`](mod@compare): the report.
+//! - [`trace`]: traces with addresses made comparable; [`compare`](mod@compare): the report;
+//! - [`bench`]: op files timed on any backend (`cachalot bench`).
 //!
 //! ```
 //! use cachalot_runtime::{DeviceOptions, BackendRequest, Experiment, execute};
@@ -26,6 +27,7 @@
 //! # Ok::<(), cachalot_runtime::RuntimeError>(())
 //! ```
 
+pub mod bench;
 pub mod compare;
 pub mod device;
 mod error;

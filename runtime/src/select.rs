@@ -143,16 +143,21 @@ fn open_cuda(ordinal: usize, config: AllocatorConfig) -> Result<(CudaDevice, Str
 
 fn open_wgpu(index: Option<usize>, capacity: u64, config: AllocatorConfig) -> Result<(WgpuDevice, String), String> {
     let context = WgpuDevice::request(index, capacity).map_err(|e| e.to_string())?;
+    let description = describe_wgpu(&context, capacity);
+    let device = WgpuDevice::new(context, config).map_err(|e| e.to_string())?;
+    Ok((device, description))
+}
+
+/// The adapter of `context` in words, saying so when it is a software one.
+pub(crate) fn describe_wgpu(context: &cachalot_wgpu::WgpuContext, capacity: u64) -> String {
     let info = context.adapter_info();
     let software = if info.device_type == wgpu::DeviceType::Cpu {
         ", a software adapter: correct but slow, and not a GPU's memory"
     } else {
         ""
     };
-    let description = format!(
+    format!(
         "{} ({:?}, {:?}{software}; capacity {} bytes, configured)",
         info.name, info.backend, info.device_type, capacity
-    );
-    let device = WgpuDevice::new(context, config).map_err(|e| e.to_string())?;
-    Ok((device, description))
+    )
 }

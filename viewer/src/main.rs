@@ -40,6 +40,8 @@ enum Command {
     Replay(cli::replay::ReplayArgs),
     /// Run an experiment on CUDA, wgpu or the simulator: marks, memory_summary() and a snapshot.
     Run(cli::run::RunArgs),
+    /// Time op files (shared/bench) on CUDA, wgpu or the simulator, in torch_alloc_bench.py's shape.
+    Bench(cli::bench::BenchArgs),
     /// Put runs (snapshots of `run`, PyTorch's expected.json) side by side, with the reasons they differ.
     Compare(cli::compare::CompareArgs),
     /// Open the pool viewer (or render it headless with --screenshot, or time it with --bench).
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Stats { source, json } => cli::report::stats(source, *json),
         Command::Replay(args) => cli::replay::run(args),
         Command::Run(args) => cli::run::run(args),
+        Command::Bench(args) => cli::bench::run(args),
         Command::Compare(args) => cli::compare::run(args),
         Command::View(args) => cli::view::run(args),
         Command::Serve(args) => cli::serve::run(args),

@@ -106,3 +106,40 @@ fn replay_writes_snapshots_in_both_formats() {
     assert_eq!(summary(&json), summary(&pickle));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `cachalot bench` on the simulator: one line per file in torch_alloc_bench.py's shape, the
+/// backend named on stderr; a bad op file exits 2 naming the file and line; an out-of-memory
+/// replay exits 1 with PyTorch's message.
+#[test]
+fn bench_times_op_files_in_the_harness_shape() {
+    let dir = std::env::temp_dir().join(format!("cachalot-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("pair.ops");
+    std::fs::write(&good, "# two allocations\na 0 1048576\na 1 512\nf 0\nf 1\n").unwrap();
+    let bad = dir.join("bad.ops");
+    std::fs::write(&bad, "a 0 512\nf 7\n").unwrap();
+    let (good, bad) = (good.display().to_string(), bad.display().to_string());
+
+    let out = cachalot(&["bench", &good, &good, "--backend", "sim", "--reps", "3"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for line in lines {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields[..2], ["pair.ops", "cachalot-sim"], "{line}");
+        assert!(fields[2].parse::<f64>().unwrap() > 0.0, "{line}");
+        assert_eq!(fields[3], "ns/op");
+    }
+    assert!(text(&out.stderr).contains("# sim: taken: simulator"), "{}", text(&out.stderr));
+
+    let out = cachalot(&["bench", &good, &bad, "--backend", "sim"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing is timed before every file parses");
+    assert!(text(&out.stderr).contains(&format!("{bad}: line 2: free of id 7")), "{}", text(&out.stderr));
+
+    let out = cachalot(&["bench", &good, "--backend", "sim", "--capacity", "1MiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("CUDA out of memory. Tried to allocate 2.00 MiB"), "{}", text(&out.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

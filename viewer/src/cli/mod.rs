@@ -1,5 +1,6 @@
 //! The `cachalot` subcommands.
 
+pub mod bench;
 pub mod compare;
 pub mod replay;
 pub mod report;
