@@ -16,7 +16,7 @@ use cachalot_wgpu::WgpuContext;
 use crate::device::BackendKind;
 use crate::device::wgpu::WgpuDevice;
 use crate::error::RuntimeError;
-use crate::select::{BackendRequest, DeviceOptions, Selection, describe_wgpu};
+use crate::select::{DeviceOptions, Selection, choose, describe_wgpu};
 
 /// The simulator's capacity when none is given: an H200's, the largest GPU of the traces.
 pub const SIM_CAPACITY: u64 = 150_109_880_320;
@@ -44,33 +44,25 @@ impl BenchTarget {
     /// Opens the backend `options` ask for (`auto`: CUDA, then wgpu, then the simulator), and
     /// says what was taken and why the ones before it were not. Needs no kernels.
     pub fn open(options: &DeviceOptions) -> Result<(Self, Selection), RuntimeError> {
-        let auto = options.backend == BackendRequest::Auto;
-        let mut lines = Vec::new();
-        if matches!(options.backend, BackendRequest::Auto | BackendRequest::Cuda) {
-            let ordinal = options.device.unwrap_or(0);
-            match cachalot_cuda::probe(ordinal) {
-                Ok(description) => {
-                    lines.push(format!("cuda: taken: {description}"));
-                    return Ok((BenchTarget::Cuda { ordinal }, Selection { backend: BackendKind::Cuda, lines }));
-                }
-                Err(e) if auto => lines.push(format!("cuda: not usable: {e}")),
-                Err(e) => return Err(RuntimeError::Unavailable { backend: "cuda", reason: e.to_string() }),
-            }
-        }
-        if matches!(options.backend, BackendRequest::Auto | BackendRequest::Wgpu) {
-            let capacity = options.capacity.unwrap_or(cachalot_wgpu::DEFAULT_CAPACITY);
-            match WgpuDevice::request(options.device, capacity) {
-                Ok(context) => {
-                    lines.push(format!("wgpu: taken: {}", describe_wgpu(&context, capacity)));
-                    return Ok((BenchTarget::Wgpu { context }, Selection { backend: BackendKind::Wgpu, lines }));
-                }
-                Err(e) if auto => lines.push(format!("wgpu: not usable: {e}")),
-                Err(e) => return Err(e),
-            }
-        }
-        let capacity = options.capacity.unwrap_or(SIM_CAPACITY);
-        lines.push(format!("sim: taken: simulator, capacity {capacity} bytes (the policy's cost alone)"));
-        Ok((BenchTarget::Sim { capacity }, Selection { backend: BackendKind::Sim, lines }))
+        choose(
+            options.backend,
+            || {
+                let ordinal = options.device.unwrap_or(0);
+                let description = cachalot_cuda::probe(ordinal).map_err(|e| e.to_string())?;
+                Ok((BenchTarget::Cuda { ordinal }, description))
+            },
+            || {
+                let capacity = options.capacity.unwrap_or(cachalot_wgpu::DEFAULT_CAPACITY);
+                let context = WgpuDevice::request(options.device, capacity).map_err(|e| e.to_string())?;
+                let description = describe_wgpu(&context, capacity);
+                Ok((BenchTarget::Wgpu { context }, description))
+            },
+            || {
+                let capacity = options.capacity.unwrap_or(SIM_CAPACITY);
+                let description = format!("simulator, capacity {capacity} bytes (the policy's cost alone)");
+                Ok((BenchTarget::Sim { capacity }, description))
+            },
+        )
     }
 
     /// The backend's kind.
@@ -108,6 +100,7 @@ impl BenchTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BackendRequest;
 
     #[test]
     fn sim_target_times_an_op_file() {

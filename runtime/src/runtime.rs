@@ -438,23 +438,30 @@ impl Runtime {
     /// `torch.full(shape, value)` on the device.
     pub fn full(&self, shape: &[usize], value: f32) -> Result<Tensor, RuntimeError> {
         let n = numel(shape);
-        let allocation = {
-            let mut inner = self.inner.borrow_mut();
-            inner.enter("full")?;
-            let result = inner.alloc(n * 4).and_then(|a| {
-                let run = inner.uses(&[&a]).and_then(|_| inner.device.fill(&a, n, value));
-                match run {
-                    Ok(()) => Ok(a),
-                    Err(e) => {
-                        inner.discard([a]);
-                        Err(e)
-                    }
+        let allocation = self.filled("full", n * 4, |device, a| device.fill(a, n, value))?;
+        Ok(self.wrap(allocation, shape.to_vec(), DType::F32))
+    }
+
+    /// Allocates `bytes` inside `op` and writes them with `write`; if the write fails, the block
+    /// is freed again and the error returned.
+    fn filled(
+        &self,
+        op: &'static str,
+        bytes: u64,
+        write: impl FnOnce(&mut dyn Device, &Allocation) -> Result<(), RuntimeError>,
+    ) -> Result<Allocation, RuntimeError> {
+        let mut inner = self.inner.borrow_mut();
+        inner.enter(op)?;
+        let result =
+            inner.alloc(bytes).and_then(|a| match inner.uses(&[&a]).and_then(|_| write(inner.device.as_mut(), &a)) {
+                Ok(()) => Ok(a),
+                Err(e) => {
+                    inner.discard([a]);
+                    Err(e)
                 }
             });
-            inner.leave();
-            result?
-        };
-        Ok(self.wrap(allocation, shape.to_vec(), DType::F32))
+        inner.leave();
+        result
     }
 
     /// `torch.zeros(shape)` on the device.
@@ -477,21 +484,7 @@ impl Runtime {
         if numel(shape) != words.len() as u64 {
             return Err(RuntimeError::Shape(format!("{} values for shape {shape:?}", words.len())));
         }
-        let allocation = {
-            let mut inner = self.inner.borrow_mut();
-            inner.enter("to_device")?;
-            let result = inner.alloc(words.len() as u64 * 4).and_then(|a| {
-                match inner.uses(&[&a]).and_then(|_| inner.device.upload(&a, words)) {
-                    Ok(()) => Ok(a),
-                    Err(e) => {
-                        inner.discard([a]);
-                        Err(e)
-                    }
-                }
-            });
-            inner.leave();
-            result?
-        };
+        let allocation = self.filled("to_device", words.len() as u64 * 4, |device, a| device.upload(a, words))?;
         Ok(self.wrap(allocation, shape.to_vec(), dtype))
     }
 

@@ -84,55 +84,82 @@ pub struct Selection {
 pub fn open(options: &DeviceOptions) -> Result<(Box<dyn Device>, Selection), RuntimeError> {
     let config = AllocatorConfig::parse(&options.config)
         .map_err(|e| RuntimeError::Parameters(format!("allocator config '{}': {e}", options.config)))?;
-    let mut lines = Vec::new();
-    let auto = options.backend == BackendRequest::Auto;
     if options.profile.is_some() && !matches!(options.backend, BackendRequest::Sim | BackendRequest::Auto) {
         return Err(RuntimeError::Parameters("--profile applies to the simulator only (--backend sim)".into()));
     }
-
-    if matches!(options.backend, BackendRequest::Auto | BackendRequest::Cuda) {
-        match open_cuda(options.device.unwrap_or(0), config.clone()) {
-            Ok((device, description)) => {
-                lines.push(format!("cuda: taken: {description}"));
-                return Ok((Box::new(device), Selection { backend: BackendKind::Cuda, lines }));
-            }
-            Err(reason) if auto => lines.push(format!("cuda: not usable: {reason}")),
-            Err(reason) => return Err(RuntimeError::Unavailable { backend: "cuda", reason }),
-        }
-    }
-
-    if matches!(options.backend, BackendRequest::Auto | BackendRequest::Wgpu) {
-        let capacity = options.capacity.unwrap_or(cachalot_wgpu::DEFAULT_CAPACITY);
-        match open_wgpu(options.device, capacity, config.clone()) {
-            Ok((device, description)) => {
-                lines.push(format!("wgpu: taken: {description}"));
-                return Ok((Box::new(device), Selection { backend: BackendKind::Wgpu, lines }));
-            }
-            Err(reason) if auto => lines.push(format!("wgpu: not usable: {reason}")),
-            Err(reason) => return Err(RuntimeError::Unavailable { backend: "wgpu", reason }),
-        }
-    }
-
-    let name = options.profile.as_deref().unwrap_or("cuda-sm90");
-    let mut profile = SimProfile::by_name(name).ok_or_else(|| {
-        RuntimeError::Parameters(format!("simulator profile '{name}' (known: {})", SimProfile::NAMES.join(", ")))
-    })?;
-    if let Some(capacity) = options.capacity {
-        profile.capacity = capacity;
-    }
-    let description = format!(
-        "simulator, profile {} ({}; {}), kernels {}",
-        profile.name,
-        profile.discipline.describe(),
-        match profile.workspaces {
-            Some(ws) => format!("cuBLAS workspace {} B + cuBLASLt {} B", ws.cublas, ws.cublaslt),
-            None => "no workspaces".into(),
+    choose(
+        options.backend,
+        || {
+            let (device, description) = open_cuda(options.device.unwrap_or(0), config.clone())?;
+            Ok((Box::new(device) as Box<dyn Device>, description))
         },
-        if options.compute { "on the CPU (the reference)" } else { "skipped (allocations only)" }
-    );
+        || {
+            let capacity = options.capacity.unwrap_or(cachalot_wgpu::DEFAULT_CAPACITY);
+            let (device, description) = open_wgpu(options.device, capacity, config.clone())?;
+            Ok((Box::new(device) as Box<dyn Device>, description))
+        },
+        || {
+            let name = options.profile.as_deref().unwrap_or("cuda-sm90");
+            let mut profile = SimProfile::by_name(name).ok_or_else(|| {
+                RuntimeError::Parameters(format!(
+                    "simulator profile '{name}' (known: {})",
+                    SimProfile::NAMES.join(", ")
+                ))
+            })?;
+            if let Some(capacity) = options.capacity {
+                profile.capacity = capacity;
+            }
+            let description = format!(
+                "simulator, profile {} ({}; {}), kernels {}",
+                profile.name,
+                profile.discipline.describe(),
+                match profile.workspaces {
+                    Some(ws) => format!("cuBLAS workspace {} B + cuBLASLt {} B", ws.cublas, ws.cublaslt),
+                    None => "no workspaces".into(),
+                },
+                if options.compute { "on the CPU (the reference)" } else { "skipped (allocations only)" }
+            );
+            let device = SimDevice::new(profile, config.clone(), options.compute)?;
+            Ok((Box::new(device) as Box<dyn Device>, description))
+        },
+    )
+}
+
+/// A backend opener for [`choose`]: what was opened and its description, or why it cannot be.
+type Opener<'a, T> = Box<dyn FnOnce() -> Result<(T, String), String> + 'a>;
+
+/// The order `--backend` follows, for anything opened per backend (a [`Device`] here, a bench
+/// target in [`crate::bench`]): `auto` tries `cuda`, then `wgpu`, then `sim`, which always
+/// opens; a named backend is tried alone and its failure is the error. The selection's lines
+/// say what was taken and why each backend before it was not.
+pub(crate) fn choose<'a, T>(
+    request: BackendRequest,
+    cuda: impl FnOnce() -> Result<(T, String), String> + 'a,
+    wgpu: impl FnOnce() -> Result<(T, String), String> + 'a,
+    sim: impl FnOnce() -> Result<(T, String), RuntimeError>,
+) -> Result<(T, Selection), RuntimeError> {
+    let auto = request == BackendRequest::Auto;
+    let mut lines = Vec::new();
+    let openers: [(BackendRequest, BackendKind, Opener<'a, T>); 2] = [
+        (BackendRequest::Cuda, BackendKind::Cuda, Box::new(cuda)),
+        (BackendRequest::Wgpu, BackendKind::Wgpu, Box::new(wgpu)),
+    ];
+    for (wanted, kind, open) in openers {
+        if !auto && request != wanted {
+            continue;
+        }
+        match open() {
+            Ok((opened, description)) => {
+                lines.push(format!("{}: taken: {description}", kind.name()));
+                return Ok((opened, Selection { backend: kind, lines }));
+            }
+            Err(reason) if auto => lines.push(format!("{}: not usable: {reason}", kind.name())),
+            Err(reason) => return Err(RuntimeError::Unavailable { backend: kind.name(), reason }),
+        }
+    }
+    let (opened, description) = sim()?;
     lines.push(format!("sim: taken: {description}"));
-    let device = SimDevice::new(profile, config, options.compute)?;
-    Ok((Box::new(device), Selection { backend: BackendKind::Sim, lines }))
+    Ok((opened, Selection { backend: BackendKind::Sim, lines }))
 }
 
 fn open_cuda(ordinal: usize, config: AllocatorConfig) -> Result<(CudaDevice, String), String> {

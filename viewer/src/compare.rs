@@ -1,12 +1,12 @@
 //! Two runs side by side with linked cursors: e.g. one experiment on CUDA and on wgpu, or
 //! PyTorch's recorded trace and cachalot's replay of it.
 
-use egui_plot::{Corner, Legend, Line, LineStyle, Plot, PlotPoints, VLine};
+use egui_plot::{Line, LineStyle, PlotPoints, VLine};
 
 use crate::app::RunTab;
 use crate::format;
 use crate::segments::{self, SegmentMapState};
-use crate::timeline::bytes_axis;
+use crate::timeline::memory_plot;
 
 /// How the cursor of the second run follows the first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,17 +106,8 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
     let names = (tabs[a].run.name.clone(), tabs[b].run.name.clone());
     let moved = {
         let (ra, rb) = two_mut(tabs, a, b);
-        Plot::new(("compare_plot", a, b))
+        memory_plot(("compare_plot", a, b), x_max, y_max)
             .height(170.0)
-            .legend(Legend::default().position(Corner::LeftTop))
-            .default_x_bounds(0.0, x_max)
-            .default_y_bounds(0.0, y_max)
-            .allow_drag(false)
-            .allow_zoom([true, false])
-            .allow_scroll([true, false])
-            .y_axis_formatter(bytes_axis)
-            .y_grid_spacer(egui_plot::log_grid_spacer(4))
-            .y_axis_min_width(64.0)
             .show(ui, |plot_ui| {
                 let bounds = plot_ui.plot_bounds();
                 let (x0, x1) = (bounds.min()[0], bounds.max()[0]);

@@ -5,8 +5,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use cachalot_core::Snapshot;
 use cachalot_core::ops::OpFile;
-use cachalot_core::snapshot::pickle;
 use cachalot_core::snapshot::torch::TorchSnapshot;
+use cachalot_core::snapshot::{FileFormat, pickle};
 
 /// A file as it was recognised.
 pub enum Input {
@@ -27,21 +27,20 @@ pub fn load(path: &Path) -> Result<Input> {
 /// Parses the bytes of a file called `path`.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Input> {
     let name = path.display();
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        // Pickle protocol 2+ starts with PROTO (0x80); protocol 0/1 lists and dicts with '(' ']' '}'.
-        Some(0x80) | Some(b'(') | Some(b']') | Some(b'}') => {
+    match FileFormat::detect(bytes) {
+        FileFormat::TorchPickle => {
             let snapshot = pickle::read_snapshot(bytes).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             Ok(Input::Torch(Box::new(snapshot)))
         }
-        Some(b'{') => {
+        FileFormat::Cachalot => {
             let snapshot = Snapshot::from_json(bytes).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             Ok(Input::Cachalot(Box::new(snapshot)))
         }
-        Some(b'a') | Some(b'f') | Some(b'#') => {
+        FileFormat::Ops => {
             let text = std::str::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{name}: not UTF-8 text: {e}"))?;
             Ok(Input::Ops(OpFile::parse(text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?))
         }
-        None => bail!("{name}: the file is empty"),
-        Some(_) => bail!("{name}: not a cachalot snapshot (JSON), a PyTorch snapshot pickle or an op file"),
+        FileFormat::Empty => bail!("{name}: the file is empty"),
+        FileFormat::Unknown => bail!("{name}: not a cachalot snapshot (JSON), a PyTorch snapshot pickle or an op file"),
     }
 }

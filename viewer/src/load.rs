@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cachalot_core::ops::OpFile;
 use cachalot_core::replay::{DEFAULT_DEVICE_TOTAL, ReplayOptions, replay};
-use cachalot_core::snapshot::pickle;
 use cachalot_core::snapshot::torch::{TorchSegment, TorchSnapshot};
+use cachalot_core::snapshot::{FileFormat, pickle};
 use cachalot_core::{AllocatorConfig, CachingAllocator, SegmentSnapshot, SimBackend, Snapshot, StreamId};
 
 use crate::model::{Rules, Run, RunKind};
@@ -62,23 +62,22 @@ impl Progress {
 /// Parses the bytes of a file called `name` and builds its runs.
 pub fn load_bytes(name: &str, bytes: &[u8], progress: &Progress) -> Result<Vec<Run>, LoadError> {
     let invalid = |message: String| LoadError::Invalid { name: name.to_owned(), message };
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        // Pickle protocol 2+ starts with PROTO (0x80); protocol 0/1 with '(' ']' '}'.
-        Some(0x80) | Some(b'(') | Some(b']') | Some(b'}') => {
+    match FileFormat::detect(bytes) {
+        FileFormat::TorchPickle => {
             let torch = pickle::read_snapshot(bytes).map_err(|e| invalid(e.to_string()))?;
             torch_runs(name, torch, progress)
         }
-        Some(b'{') => {
+        FileFormat::Cachalot => {
             let snapshot = Snapshot::from_json(bytes).map_err(|e| invalid(e.to_string()))?;
             Ok(vec![snapshot_run(name, snapshot, RunKind::Cachalot, progress)])
         }
-        Some(b'a') | Some(b'f') | Some(b'#') => {
+        FileFormat::Ops => {
             let text = std::str::from_utf8(bytes).map_err(|e| invalid(format!("not UTF-8 text: {e}")))?;
             let ops = OpFile::parse(text).map_err(|e| invalid(e.to_string()))?;
             Ok(vec![ops_run(name, &ops, progress)])
         }
-        None => Err(LoadError::Empty(name.to_owned())),
-        Some(_) => Err(LoadError::Unrecognised(name.to_owned())),
+        FileFormat::Empty => Err(LoadError::Empty(name.to_owned())),
+        FileFormat::Unknown => Err(LoadError::Unrecognised(name.to_owned())),
     }
 }
 

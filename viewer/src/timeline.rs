@@ -29,6 +29,22 @@ impl Default for TimelineState {
     }
 }
 
+/// A plot of bytes over trace entries, as the timeline and the compare view draw it: x from 0
+/// to `x_max`, y from 0 to `y_max` on a byte axis, zoom and scroll along x only (a drag moves the
+/// cursor instead of the view).
+pub fn memory_plot<'a>(id: impl std::hash::Hash + std::fmt::Debug, x_max: f64, y_max: f64) -> Plot<'a> {
+    Plot::new(id)
+        .legend(Legend::default().position(Corner::LeftTop))
+        .default_x_bounds(0.0, x_max)
+        .default_y_bounds(0.0, y_max)
+        .allow_drag(false)
+        .allow_zoom([true, false])
+        .allow_scroll([true, false])
+        .y_axis_formatter(bytes_axis)
+        .y_grid_spacer(egui_plot::log_grid_spacer(4))
+        .y_axis_min_width(64.0)
+}
+
 /// Formats a y-axis value as bytes.
 pub fn bytes_axis(mark: GridMark, _range: &std::ops::RangeInclusive<f64>) -> String {
     if mark.value < 0.0 { String::new() } else { format::bytes_axis(mark.value as u64) }
@@ -88,16 +104,7 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         ui.label(cursor_text(run, cursor));
     });
 
-    let plot = Plot::new(("timeline", run.name.as_str()))
-        .legend(Legend::default().position(Corner::LeftTop))
-        .default_x_bounds(0.0, x_max)
-        .default_y_bounds(0.0, y_max)
-        .allow_drag(false)
-        .allow_zoom([true, false])
-        .allow_scroll([true, false])
-        .y_axis_formatter(bytes_axis)
-        .y_grid_spacer(egui_plot::log_grid_spacer(4))
-        .y_axis_min_width(64.0)
+    let plot = memory_plot(("timeline", run.name.as_str()), x_max, y_max)
         .x_axis_label("trace entry")
         .label_formatter(|hover| {
             let (name, p) = match hover {

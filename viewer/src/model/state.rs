@@ -131,6 +131,21 @@ pub struct Segment {
 }
 
 impl Segment {
+    /// The segment entry `e` (an alloc, a free seen backwards, or a map) creates: one free block
+    /// over all of it, made by trace entry `event`.
+    fn from_entry(e: &TraceEntry, pool: PoolKind, expandable: bool, event: u32) -> Self {
+        Segment {
+            address: e.addr,
+            size: e.size,
+            stream: e.stream,
+            pool,
+            expandable,
+            event,
+            context: e.context,
+            blocks: vec![Block::free(e.addr, e.size, 0)],
+        }
+    }
+
     /// One past the last byte.
     pub fn end(&self) -> u64 {
         self.address + self.size
@@ -226,19 +241,7 @@ impl PoolState {
                     return Err(fail(format!("segment_alloc at {:#x} overlaps a live segment", e.addr)));
                 }
                 let pool = pool.unwrap_or_else(|| rules.pool_for_segment(e.action, e.size));
-                self.segments.insert(
-                    e.addr,
-                    Segment {
-                        address: e.addr,
-                        size: e.size,
-                        stream: e.stream,
-                        pool,
-                        expandable: false,
-                        event: index,
-                        context: e.context,
-                        blocks: vec![Block::free(e.addr, e.size, 0)],
-                    },
-                );
+                self.segments.insert(e.addr, Segment::from_entry(e, pool, false, index));
                 self.block_count += 1;
                 let s = &mut self.stats;
                 s.segment.increase(pool, 1);
@@ -421,16 +424,7 @@ impl PoolState {
     /// reservation right before and after it (free blocks at the seams merge).
     fn map(&mut self, index: u32, e: &TraceEntry, pool: PoolKind) {
         let joins = |s: &Segment| s.expandable && s.stream == e.stream && s.pool == pool;
-        let mut segment = Segment {
-            address: e.addr,
-            size: e.size,
-            stream: e.stream,
-            pool,
-            expandable: true,
-            event: index,
-            context: e.context,
-            blocks: vec![Block::free(e.addr, e.size, 0)],
-        };
+        let mut segment = Segment::from_entry(e, pool, true, index);
         self.block_count += 1;
         let before = self.segments.range(..e.addr).next_back().filter(|(_, s)| s.end() == e.addr && joins(s));
         if let Some(&key) = before.map(|(k, _)| k)
@@ -615,19 +609,8 @@ impl PoolState {
             }
             TraceAction::SegmentFree => {
                 if self.segment_at(e.addr).is_none() {
-                    self.segments.insert(
-                        e.addr,
-                        Segment {
-                            address: e.addr,
-                            size: e.size,
-                            stream: e.stream,
-                            pool: rules.pool_for_segment(e.action, e.size),
-                            expandable: false,
-                            event: NO_EVENT,
-                            context: e.context,
-                            blocks: vec![Block::free(e.addr, e.size, 0)],
-                        },
-                    );
+                    let pool = rules.pool_for_segment(e.action, e.size);
+                    self.segments.insert(e.addr, Segment::from_entry(e, pool, false, NO_EVENT));
                 }
             }
             TraceAction::SegmentMap => {
