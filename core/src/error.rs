@@ -87,6 +87,19 @@ impl OutOfMemoryError {
     }
 }
 
+/// `1234567` as `1,234,567`: counts in reports and the viewer.
+pub fn group_digits(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 /// C++ `format_size` of the allocator: bytes up to 1 KiB, then KiB/MiB/GiB with two decimals.
 pub fn format_size(bytes: u64) -> String {
     if bytes <= 1024 {
@@ -144,6 +157,19 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn digits_are_grouped_in_threes() {
+        for (n, text) in [
+            (0, "0"),
+            (999, "999"),
+            (1_000, "1,000"),
+            (3_000_434, "3,000,434"),
+            (u64::MAX, "18,446,744,073,709,551,615"),
+        ] {
+            assert_eq!(group_digits(n), text);
+        }
+    }
 
     #[test]
     fn sizes_are_formatted_like_the_cpp_allocator() {

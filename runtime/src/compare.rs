@@ -880,17 +880,7 @@ fn limits_section(columns: &[Column], out: &mut String) {
 }
 
 /// `1234567` as `1,234,567`.
-pub fn group(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
+pub use cachalot_core::error::group_digits as group;
 
 fn signed(n: i128) -> String {
     let sign = if n < 0 { "−" } else { "+" };

@@ -40,17 +40,7 @@ pub fn bytes_signed(n: i64) -> String {
 }
 
 /// An integer with thousands separators (`3,000,000`).
-pub fn count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub use cachalot_core::error::group_digits as count;
 
 /// A device address.
 pub fn address(a: u64) -> String {
