@@ -9,7 +9,9 @@
 //! addresses of new segments (PyTorch 2.11 breaks best-fit ties by address) and, at a recorded
 //! out-of-memory error, the free memory the driver reported.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::allocator::{Allocation, CachingAllocator};
 use crate::backend::StreamId;
@@ -196,14 +198,10 @@ impl ExpectedRun {
     }
 }
 
-/// What the pre-scan learned about one free.
-#[derive(Clone, Copy, Debug)]
-enum FreeKind {
-    /// Completed at once.
-    Immediate,
-    /// Completed later at this entry (a `record_stream` free), or never.
-    Deferred { completion: Option<usize> },
-}
+/// The frees that did not complete at once (their block was used on another stream), by the
+/// index of their `free_requested` entry: the index of their `free_completed`, or `None` for
+/// never. Frees that completed at once, nearly all of them, are not in it.
+type DeferredFrees = FxHashMap<usize, Option<usize>>;
 
 /// Replays `snapshot`'s trace of `options.device`, calling `progress(done, total)` now and then.
 pub fn replay(
@@ -228,16 +226,11 @@ pub fn replay(
     allocator.record_history(true, usize::MAX, &[], false);
     allocator.adopt_contexts(snapshot.contexts.clone());
 
-    let frees = classify_frees(trace);
-    let completions: HashMap<usize, StreamId> = frees
-        .values()
-        .filter_map(|kind| match kind {
-            FreeKind::Deferred { completion: Some(j) } => Some((*j, synthetic_stream(*j))),
-            _ => None,
-        })
-        .collect();
+    let deferred = deferred_frees(trace);
+    let completions: FxHashMap<usize, StreamId> =
+        deferred.values().flatten().map(|&j| (j, synthetic_stream(j))).collect();
 
-    let mut live: HashMap<u64, Allocation> = HashMap::new();
+    let mut live: FxHashMap<u64, Allocation> = FxHashMap::default();
     let mut outcome_ooms = Vec::new();
     let mut divergences = Vec::new();
     let mut empty_cache_points = Vec::new();
@@ -279,7 +272,7 @@ pub fn replay(
                         addr: e.addr,
                     });
                 };
-                if let Some(FreeKind::Deferred { completion }) = frees.get(&i) {
+                if let Some(completion) = deferred.get(&i) {
                     let stream = completion.map_or(StreamId(u64::MAX), synthetic_stream);
                     allocator.backend_mut().hold_stream(stream);
                     allocator.record_stream(&allocation, stream).map_err(ReplayError::Setup)?;
@@ -446,31 +439,29 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
     (segments, bases)
 }
 
-/// Which frees completed at once and which later (their block was used on another stream).
-fn classify_frees(trace: &[TraceEntry]) -> HashMap<usize, FreeKind> {
-    let mut kinds = HashMap::new();
-    let mut open: HashMap<u64, usize> = HashMap::new();
+/// Finds the frees that completed later than requested, and when.
+fn deferred_frees(trace: &[TraceEntry]) -> DeferredFrees {
+    let mut deferred = DeferredFrees::default();
+    let mut open: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::FreeRequested => {
                 let immediate =
                     trace.get(i + 1).is_some_and(|n| n.action == TraceAction::FreeCompleted && n.addr == e.addr);
-                if immediate {
-                    kinds.insert(i, FreeKind::Immediate);
-                } else {
-                    kinds.insert(i, FreeKind::Deferred { completion: None });
+                if !immediate {
+                    deferred.insert(i, None);
                     open.insert(e.addr, i);
                 }
             }
             TraceAction::FreeCompleted => {
                 if let Some(request) = open.remove(&e.addr) {
-                    kinds.insert(request, FreeKind::Deferred { completion: Some(i) });
+                    deferred.insert(request, Some(i));
                 }
             }
             _ => {}
         }
     }
-    kinds
+    deferred
 }
 
 /// Compares a replay with the recording; `Err` holds the first difference.

@@ -7,14 +7,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use cachalot_core::replay::{ReplayOptions, check, replay};
-use cachalot_core::snapshot::pickle;
 use cachalot_core::snapshot::torch::TorchSnapshot;
+use cachalot_core::snapshot::{FileFormat, pickle};
 use cachalot_core::{AllocatorConfig, Snapshot};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::report::expected_beside;
 use super::{Failure, Outcome};
-use crate::input::{Input, load};
+use crate::input::parse;
 
 /// Arguments of `cachalot replay`.
 #[derive(Clone, Debug, clap::Args)]
@@ -51,45 +51,8 @@ pub fn run(args: &ReplayArgs) -> Outcome {
     }
     let mut mismatches = 0;
     for path in &args.traces {
-        let name = trace_name(path);
-        let snapshot = match load(path)? {
-            Input::Torch(snapshot) => snapshot,
-            Input::Cachalot(_) | Input::Ops(_) => {
-                return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
-            }
-        };
-        let expected = expected_beside(path)?;
-        let options = options(args, path, &snapshot, expected.as_ref())?;
-        let started = Instant::now();
-        let bar = progress_bar(&name);
-        let outcome = replay(&snapshot, &options, |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })
-        .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
-        bar.finish_and_clear();
-        let seconds = started.elapsed().as_secs_f64();
-        if let Some(out) = &args.out {
-            write_result(out, &name, &outcome.allocator, path, &snapshot)?;
-        }
-        if args.check {
-            match check(&snapshot, &outcome, expected.as_ref()) {
-                Ok(()) => println!("MATCH {name}"),
-                Err(difference) => {
-                    mismatches += 1;
-                    println!("MISMATCH {name}: {difference}");
-                }
-            }
-        } else {
-            let a = &outcome.allocator;
-            println!(
-                "{name}: {} entries in {seconds:.2} s, {} segments, allocated {} B, reserved {} B, {} OOMs",
-                outcome.entries,
-                a.snapshot().len(),
-                a.memory_allocated(),
-                a.memory_reserved(),
-                a.stats().num_ooms
-            );
+        if !replay_file(args, path)? {
+            mismatches += 1;
         }
     }
     if mismatches > 0 {
@@ -99,6 +62,65 @@ pub fn run(args: &ReplayArgs) -> Outcome {
         });
     }
     Ok(())
+}
+
+/// Reads, replays and reports one trace; `Ok(false)` when `--check` found a difference.
+fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    if FileFormat::detect(&bytes) != FileFormat::TorchPickle {
+        parse(path, &bytes)?;
+        return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
+    }
+    // The replay runs on a second thread while this one frees what the pickle reader built
+    // (a large trace's value graph takes as long to free as the replay takes to run).
+    std::thread::scope(|scope| {
+        let replaying = pickle::read_snapshot_then(&bytes, |read| {
+            read.map(|snapshot| scope.spawn(move || replay_snapshot(args, path, &snapshot)))
+        })
+        .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+        replaying.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Replays `snapshot`, read from `path`, and prints its line.
+fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> Result<bool, Failure> {
+    let name = trace_name(path);
+    let expected = expected_beside(path)?;
+    let options = options(args, path, snapshot, expected.as_ref())?;
+    let started = Instant::now();
+    let bar = progress_bar(&name);
+    let outcome = replay(snapshot, &options, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(out) = &args.out {
+        write_result(out, &name, &outcome.allocator, path, snapshot)?;
+    }
+    if !args.check {
+        let a = &outcome.allocator;
+        println!(
+            "{name}: {} entries in {seconds:.2} s, {} segments, allocated {} B, reserved {} B, {} OOMs",
+            outcome.entries,
+            a.snapshot().len(),
+            a.memory_allocated(),
+            a.memory_reserved(),
+            a.stats().num_ooms
+        );
+        return Ok(true);
+    }
+    match check(snapshot, &outcome, expected.as_ref()) {
+        Ok(()) => {
+            println!("MATCH {name}");
+            Ok(true)
+        }
+        Err(difference) => {
+            println!("MISMATCH {name}: {difference}");
+            Ok(false)
+        }
+    }
 }
 
 fn trace_name(path: &Path) -> String {

@@ -15,7 +15,8 @@ const WORK_PER_BYTE: usize = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
     Scalar,
-    Container(usize),
+    /// An index into the shapes (`u32` keeps the stack and the memo at 8 bytes a value).
+    Container(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,9 @@ pub(super) struct Guard<'b> {
     memo: Vec<Option<Slot>>,
     memo_filled: usize,
     shapes: Vec<Shape>,
+    /// The items of the container being closed, moved off the stack; kept between containers
+    /// so that closing one allocates nothing.
+    scratch: Vec<Slot>,
     work: usize,
     work_limit: usize,
 }
@@ -81,6 +85,7 @@ impl<'b> Guard<'b> {
             memo: Vec::new(),
             memo_filled: 0,
             shapes: Vec::new(),
+            scratch: Vec::new(),
             work: 0,
             work_limit: bytes.len().saturating_mul(WORK_PER_BYTE).saturating_add(1 << 16),
         }
@@ -159,14 +164,40 @@ impl<'b> Guard<'b> {
         if self.stack.len() < self.base() + n {
             return self.fail(format!("needs {n} values on the stack (corrupt file?)"));
         }
-        Ok(self.stack.split_off(self.stack.len() - n))
+        Ok(self.pop_from(self.stack.len() - n))
     }
 
     fn pop_mark(&mut self) -> Result<Vec<Slot>, PickleError> {
         match self.marks.pop() {
-            Some(mark) => Ok(self.stack.split_off(mark)),
+            Some(mark) => Ok(self.pop_from(mark)),
             None => self.fail("there is no MARK to close (corrupt file?)"),
         }
+    }
+
+    /// Moves the stack from `start` up into the scratch buffer; give it back with [`Self::recycle`].
+    fn pop_from(&mut self, start: usize) -> Vec<Slot> {
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        items.extend(self.stack.drain(start..));
+        items
+    }
+
+    fn recycle(&mut self, items: Vec<Slot>) {
+        self.scratch = items;
+    }
+
+    /// Builds a container of `kind` from `items` (popped with `pop_n` or `pop_mark`).
+    fn close(&mut self, kind: ContainerKind, items: Vec<Slot>) -> Result<(), PickleError> {
+        self.new_container(kind, &items)?;
+        self.recycle(items);
+        Ok(())
+    }
+
+    /// Puts `items` (popped with `pop_n` or `pop_mark`) into the container of `kind` below them.
+    fn fill_from(&mut self, kind: ContainerKind, items: Vec<Slot>) -> Result<(), PickleError> {
+        self.fill(kind, &items)?;
+        self.recycle(items);
+        Ok(())
     }
 
     fn add_work(&mut self, n: usize) -> Result<(), PickleError> {
@@ -180,7 +211,7 @@ impl<'b> Guard<'b> {
     fn shape(&self, slot: Slot) -> Option<&Shape> {
         match slot {
             Slot::Scalar => None,
-            Slot::Container(i) => self.shapes.get(i),
+            Slot::Container(i) => self.shapes.get(i as usize),
         }
     }
 
@@ -199,7 +230,7 @@ impl<'b> Guard<'b> {
     fn place_items(&mut self, items: &[Slot]) {
         for &item in items {
             if let Slot::Container(i) = item
-                && let Some(shape) = self.shapes.get_mut(i)
+                && let Some(shape) = self.shapes.get_mut(i as usize)
             {
                 shape.placed = true;
             }
@@ -242,8 +273,11 @@ impl<'b> Guard<'b> {
         };
         self.add_work(weight.max(items.len()))?;
         self.place_items(items);
+        let Ok(index) = u32::try_from(self.shapes.len()) else {
+            return self.fail("more than 4,294,967,295 containers (not a snapshot)");
+        };
         self.shapes.push(Shape { kind, height, weight, hashable, len, placed: false });
-        self.stack.push(Slot::Container(self.shapes.len() - 1));
+        self.stack.push(Slot::Container(index));
         Ok(())
     }
 
@@ -282,7 +316,7 @@ impl<'b> Guard<'b> {
         }
         self.place_items(items);
         if let Slot::Container(i) = target
-            && let Some(shape) = self.shapes.get_mut(i)
+            && let Some(shape) = self.shapes.get_mut(i as usize)
         {
             shape.height = height;
             shape.len = shape.len.saturating_add(added);
@@ -353,11 +387,13 @@ impl<'b> Guard<'b> {
                     if self.stack.len() > self.base() {
                         self.stack.pop();
                     } else {
-                        self.pop_mark()?;
+                        let items = self.pop_mark()?;
+                        self.recycle(items);
                     }
                 }
                 op::POP_MARK => {
-                    self.pop_mark()?;
+                    let items = self.pop_mark()?;
+                    self.recycle(items);
                 }
                 op::DUP => {
                     let top = self.top()?;
@@ -448,16 +484,16 @@ impl<'b> Guard<'b> {
                 op::EMPTY_TUPLE => self.new_container(ContainerKind::Tuple, &[])?,
                 op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let items = self.pop_n(usize::from(code - op::TUPLE1) + 1)?;
-                    self.new_container(ContainerKind::Tuple, &items)?;
+                    self.close(ContainerKind::Tuple, items)?;
                 }
                 op::TUPLE => {
                     let items = self.pop_mark()?;
-                    self.new_container(ContainerKind::Tuple, &items)?;
+                    self.close(ContainerKind::Tuple, items)?;
                 }
                 op::EMPTY_LIST => self.new_container(ContainerKind::List, &[])?,
                 op::LIST => {
                     let items = self.pop_mark()?;
-                    self.new_container(ContainerKind::List, &items)?;
+                    self.close(ContainerKind::List, items)?;
                 }
                 op::APPEND => {
                     let item = self.pop()?;
@@ -465,20 +501,20 @@ impl<'b> Guard<'b> {
                 }
                 op::APPENDS => {
                     let items = self.pop_mark()?;
-                    self.fill(ContainerKind::List, &items)?;
+                    self.fill_from(ContainerKind::List, items)?;
                 }
                 op::EMPTY_DICT => self.new_container(ContainerKind::Dict, &[])?,
                 op::DICT => {
                     let items = self.pop_mark()?;
-                    self.new_container(ContainerKind::Dict, &items)?;
+                    self.close(ContainerKind::Dict, items)?;
                 }
                 op::SETITEM => {
                     let items = self.pop_n(2)?;
-                    self.fill(ContainerKind::Dict, &items)?;
+                    self.fill_from(ContainerKind::Dict, items)?;
                 }
                 op::SETITEMS => {
                     let items = self.pop_mark()?;
-                    self.fill(ContainerKind::Dict, &items)?;
+                    self.fill_from(ContainerKind::Dict, items)?;
                 }
                 op::EMPTY_SET | op::ADDITEMS | op::FROZENSET => {
                     return self.fail("sets never occur in a PyTorch snapshot");

@@ -115,9 +115,9 @@ fn required<'v, T>(
 pub(super) struct Reader {
     contexts: ContextTable,
     /// Frame lists already interned, by the identity of the shared list.
-    stacks_by_identity: HashMap<usize, ContextId>,
+    stacks_by_identity: FxHashMap<usize, ContextId>,
     /// File and function names, shared between frames.
-    names: HashSet<Arc<str>>,
+    names: FxHashSet<Arc<str>>,
     /// Segments, blocks, entries and annotations still allowed: at most one per input byte,
     /// so that a list referenced a million times cannot turn a small file into a huge snapshot.
     budget: usize,
@@ -127,8 +127,8 @@ impl Reader {
     pub(super) fn new(input_len: usize) -> Self {
         Reader {
             contexts: ContextTable::default(),
-            stacks_by_identity: HashMap::new(),
-            names: HashSet::new(),
+            stacks_by_identity: FxHashMap::default(),
+            names: FxHashSet::default(),
             budget: input_len,
         }
     }
