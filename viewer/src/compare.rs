@@ -1,12 +1,12 @@
 //! Two runs side by side with linked cursors: e.g. one experiment on CUDA and on wgpu, or
 //! PyTorch's recorded trace and cachalot's replay of it.
 
-use egui_plot::{Line, LineStyle, PlotPoints, VLine};
+use egui_plot::{LineStyle, VLine};
 
 use crate::app::RunTab;
 use crate::format;
 use crate::segments::{self, SegmentMapState};
-use crate::timeline::memory_plot;
+use crate::timeline::{add_series, memory_plot, outline};
 
 /// How the cursor of the second run follows the first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,35 +112,17 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                 let bounds = plot_ui.plot_bounds();
                 let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
                 let width = plot_ui.response().rect.width();
-                let solid = |name: String, s: &mut crate::model::Series, color| {
-                    crate::timeline::series_line(name, s, (x0, x1, width), color)
-                };
-                plot_ui.line(solid(
-                    format!("A reserved — {}", names.0),
-                    &mut ra.run.reserved,
-                    format::series::RESERVED,
-                ));
-                plot_ui.line(solid(
-                    format!("A allocated — {}", names.0),
-                    &mut ra.run.allocated,
-                    format::series::ALLOCATED,
-                ));
                 let (bx0, bx1) = (x0 / scale_b, x1 / scale_b);
-                for (label, series, color) in [
-                    ("B reserved", &mut rb.run.reserved, format::series::RESERVED),
-                    ("B allocated", &mut rb.run.allocated, format::series::ALLOCATED),
-                ] {
-                    let points: Vec<[f64; 2]> = crate::timeline::points(series, bx0, bx1, width)
-                        .points()
-                        .iter()
-                        .map(|p| [p.x * scale_b, p.y])
-                        .collect();
-                    plot_ui.line(
-                        Line::new(format!("{label} — {}", names.1), PlotPoints::new(points))
-                            .color(color.gamma_multiply(0.8))
-                            .allow_band(false)
-                            .style(LineStyle::dashed_dense()),
-                    );
+                let counters = [
+                    ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, format::series::RESERVED),
+                    ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, format::series::ALLOCATED),
+                ];
+                for (label, series_a, series_b, color) in counters {
+                    let a_outline = outline(series_a, x0, x1, width);
+                    add_series(plot_ui, format!("A {label} — {}", names.0), a_outline, color, LineStyle::Solid);
+                    let b_outline = outline(series_b, bx0, bx1, width).scale_x(scale_b);
+                    let b_name = format!("B {label} — {}", names.1);
+                    add_series(plot_ui, b_name, b_outline, color.gamma_multiply(0.8), LineStyle::dashed_dense());
                 }
                 plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
                 let response = plot_ui.response();

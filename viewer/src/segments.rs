@@ -243,17 +243,21 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
     });
 
     if let Some(address) = map.selected {
-        egui::Panel::bottom(("block_details", run.name.as_str())).resizable(true).default_size(150.0).show(ui, |ui| {
-            ui.horizontal(|ui| {
-                ui.strong("Selected block");
-                if ui.small_button("×").on_hover_text("clear the selection").clicked() {
-                    map.selected = None;
-                }
+        egui::Panel::bottom(("block_details", run.name.as_str()))
+            .frame(crate::app::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
+            .resizable(true)
+            .default_size(150.0)
+            .show(ui, |ui| {
+                ui.horizontal(|ui| {
+                    ui.strong("Selected block");
+                    if ui.small_button("×").on_hover_text("clear the selection").clicked() {
+                        map.selected = None;
+                    }
+                });
+                egui::ScrollArea::vertical().id_salt("block_details_scroll").show(ui, |ui| {
+                    go = block_details(ui, run, state, address, true);
+                });
             });
-            egui::ScrollArea::vertical().id_salt("block_details_scroll").show(ui, |ui| {
-                go = block_details(ui, run, state, address, true);
-            });
-        });
     }
 
     let total = run.device.as_ref().map_or(cachalot_core::replay::DEFAULT_DEVICE_TOTAL, |d| d.total_memory);

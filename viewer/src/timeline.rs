@@ -1,10 +1,13 @@
 //! The timeline: allocated, active and reserved bytes over the trace, OOM and `empty_cache`
 //! markers, and the cursor, which the user drags to any moment.
 
-use egui_plot::{Corner, GridMark, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoints, VLine};
+use egui::Color32;
+use egui_plot::{
+    Corner, FilledArea, GridMark, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoints, PlotUi, VLine,
+};
 
 use crate::format;
-use crate::model::Run;
+use crate::model::{Outline, Run};
 
 /// Most marks labelled on the timeline (beyond that they would be unreadable).
 const MAX_MARK_LABELS: usize = 40;
@@ -50,22 +53,42 @@ pub fn bytes_axis(mark: GridMark, _range: &std::ops::RangeInclusive<f64>) -> Str
     if mark.value < 0.0 { String::new() } else { format::bytes_axis(mark.value as u64) }
 }
 
-/// Points of a series over the x range `[x0, x1]`, about two per pixel.
-pub fn points(series: &mut crate::model::Series, x0: f64, x1: f64, width_px: f32) -> PlotPoints<'static> {
+/// How `series` is drawn over the x range `[x0, x1]` at `width_px` pixels: about two points per
+/// pixel.
+pub fn outline(series: &mut crate::model::Series, x0: f64, x1: f64, width_px: f32) -> Outline {
     let start = x0.floor().max(0.0) as usize;
     let end = (x1.ceil().max(0.0) as usize).saturating_add(2);
-    PlotPoints::new(series.envelope(start..end, (width_px.max(100.0) * 2.0) as usize))
+    series.outline(start..end, (width_px.max(100.0) * 2.0) as usize)
 }
 
-/// A counter as a plot line over `(x0, x1, width_px)`. egui_plot's band aggregation is off:
-/// it would merge the two points of each step into a slanted band.
-pub fn series_line(
-    name: impl Into<String>,
-    series: &mut crate::model::Series,
-    view: (f64, f64, f32),
-    color: egui::Color32,
-) -> Line<'static> {
-    Line::new(name, points(series, view.0, view.1, view.2)).color(color).allow_band(false)
+/// How thick a band is drawn where a bucket holds a single value, in points: as thick as the
+/// step lines.
+const MIN_BAND_THICKNESS: f64 = 1.5;
+
+/// Adds a counter to a plot: a step line, or where there are more entries than pixels a band
+/// from each pixel's lowest to its highest value, at least a line's thickness everywhere. A band
+/// covers each pixel once, where the min/max zigzag line it replaces covered each column three
+/// times over (on a software rasterizer that line was most of a frame). A dashed `style` (the
+/// compare view's second run) draws a band half transparent instead. egui_plot's band
+/// aggregation of lines is off: it would merge the two points of each step into a slanted band.
+pub fn add_series(plot_ui: &mut PlotUi, name: String, outline: Outline, color: Color32, style: LineStyle) {
+    match outline {
+        Outline::Steps(points) => {
+            plot_ui.line(Line::new(name, PlotPoints::new(points)).color(color).style(style).allow_band(false));
+        }
+        Outline::Band(mut band) => {
+            let thickness = MIN_BAND_THICKNESS / plot_ui.transform().dpos_dvalue_y().abs().max(f64::MIN_POSITIVE);
+            for (low, high) in band.low.iter_mut().zip(band.high.iter_mut()) {
+                let missing = thickness - (*high - *low);
+                if missing > 0.0 {
+                    *low -= missing / 2.0;
+                    *high += missing / 2.0;
+                }
+            }
+            let fill = if style == LineStyle::Solid { color } else { color.gamma_multiply(0.5) };
+            plot_ui.add(FilledArea::new(name, &band.xs, &band.low, &band.high).fill_color(fill));
+        }
+    }
 }
 
 /// Shows the timeline of `run` with the cursor at `cursor`; returns the cursor the user
@@ -114,7 +137,10 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
             let x = p.x.round().max(0.0) as u64;
             Some(format!("{name}\nafter entry {}\n{}", format::count(x), format::bytes(p.y.max(0.0) as u64)))
         })
-        .show_crosshair(false);
+        .show_crosshair(false)
+        // The plot's darker background is a full pass over its area: dropped where shading is
+        // done by the CPU (see `app::panel_frame`).
+        .show_background(!crate::app::software_rendering(ui.ctx()));
 
     let follow = run.live && state.follow;
     let show_active = state.show_active;
@@ -127,11 +153,14 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         let bounds = plot_ui.plot_bounds();
         let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
         let width = plot_ui.response().rect.width();
-        plot_ui.line(series_line("reserved", &mut run.reserved, (x0, x1, width), format::series::RESERVED));
+        let mut counters = vec![("reserved", &mut run.reserved, format::series::RESERVED)];
         if show_active {
-            plot_ui.line(series_line("active", &mut run.active, (x0, x1, width), format::series::ACTIVE));
+            counters.push(("active", &mut run.active, format::series::ACTIVE));
         }
-        plot_ui.line(series_line("allocated", &mut run.allocated, (x0, x1, width), format::series::ALLOCATED));
+        counters.push(("allocated", &mut run.allocated, format::series::ALLOCATED));
+        for (name, series, color) in counters {
+            add_series(plot_ui, name.to_owned(), outline(series, x0, x1, width), color, LineStyle::Solid);
+        }
         // Markers in view, at most one per pixel column (thousands of OOMs would otherwise
         // cost thousands of lines a frame).
         let visible = |markers: &[u32], offset: f64| -> Vec<f64> {

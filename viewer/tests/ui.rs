@@ -244,3 +244,27 @@ fn the_run_experiment_dialog_starts_a_live_run() {
     assert!(tab.run.markers.empty_cache.len() == 1, "{:?}", tab.run.markers);
     assert!(matches!(tab.run.verification, Verification::Matches { .. }), "{:?}", tab.run.verification);
 }
+
+/// On a software rasterizer the panels paint no fill (the window is cleared to their colour,
+/// which the harness does not do, so the picture shows through to transparent); elsewhere they
+/// do. Both ways the panels' contents are drawn.
+#[test]
+fn panels_skip_their_fill_on_a_software_rasterizer() {
+    let panel_fill = egui::Visuals::dark().panel_fill;
+    for software in [false, true] {
+        let mut app = app_with(vec![common::fixed_run(false)], View::Stats);
+        app.software_rendering = software;
+        let mut harness = harness(app, SIZE, 1.0, true);
+        harness.run_steps(4);
+        let image = harness.render().expect("renders");
+        // An empty spot of the central panel, right of the stats table and summary.
+        let [r, g, b, a] = image.get_pixel(SIZE.x as u32 - 10, SIZE.y as u32 - 40).0;
+        let fill = panel_fill.to_srgba_unmultiplied();
+        if software {
+            assert_eq!(a, 0, "no panel fill under a software rasterizer, found {:?}", [r, g, b, a]);
+        } else {
+            assert_eq!([r, g, b, a], fill, "the panel fill");
+        }
+        harness.get_by_label("allocated_bytes.all");
+    }
+}

@@ -35,7 +35,7 @@ use cachalot_core::{BlockState, DeviceFacts, Mark, MemoryStats, SegmentSnapshot,
 
 use cachalot_core::trace::ContextTable;
 
-pub use series::Series;
+pub use series::{Band, Outline, Series};
 pub use state::{Anomaly, Block, NO_EVENT, PoolState, Rules, Segment};
 
 /// Fewest entries between two checkpoints.
