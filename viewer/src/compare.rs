@@ -111,16 +111,15 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
             .show(ui, |plot_ui| {
                 let bounds = plot_ui.plot_bounds();
                 let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
-                let width = plot_ui.response().rect.width();
                 let (bx0, bx1) = (x0 / scale_b, x1 / scale_b);
                 let counters = [
                     ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, format::series::RESERVED),
                     ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, format::series::ALLOCATED),
                 ];
                 for (label, series_a, series_b, color) in counters {
-                    let a_outline = outline(series_a, x0, x1, width);
+                    let a_outline = outline(series_a, plot_ui, x0, x1);
                     add_series(plot_ui, format!("A {label} — {}", names.0), a_outline, color, LineStyle::Solid);
-                    let b_outline = outline(series_b, bx0, bx1, width).scale_x(scale_b);
+                    let b_outline = outline(series_b, plot_ui, bx0, bx1).scale_x(scale_b);
                     let b_name = format!("B {label} — {}", names.1);
                     add_series(plot_ui, b_name, b_outline, color.gamma_multiply(0.8), LineStyle::dashed_dense());
                 }

@@ -53,38 +53,35 @@ pub fn bytes_axis(mark: GridMark, _range: &std::ops::RangeInclusive<f64>) -> Str
     if mark.value < 0.0 { String::new() } else { format::bytes_axis(mark.value as u64) }
 }
 
-/// How `series` is drawn over the x range `[x0, x1]` at `width_px` pixels: about two points per
-/// pixel.
-pub fn outline(series: &mut crate::model::Series, x0: f64, x1: f64, width_px: f32) -> Outline {
-    let start = x0.floor().max(0.0) as usize;
-    let end = (x1.ceil().max(0.0) as usize).saturating_add(2);
-    series.outline(start..end, (width_px.max(100.0) * 2.0) as usize)
-}
-
 /// How thick a band is drawn where a bucket holds a single value, in points: as thick as the
 /// step lines.
 const MIN_BAND_THICKNESS: f64 = 1.5;
 
+/// How `series` is drawn over the x range `[x0, x1]` of `plot_ui`: about two points per pixel,
+/// and bands at least a line thick.
+pub fn outline(series: &mut crate::model::Series, plot_ui: &PlotUi, x0: f64, x1: f64) -> Outline {
+    let start = x0.floor().max(0.0) as usize;
+    let end = (x1.ceil().max(0.0) as usize).saturating_add(2);
+    let width_px = plot_ui.response().rect.width();
+    let mut outline = series.outline(start..end, (width_px.max(100.0) * 2.0) as usize);
+    if let Outline::Band(band) = &mut outline {
+        band.thicken(MIN_BAND_THICKNESS / plot_ui.transform().dpos_dvalue_y().abs().max(f64::MIN_POSITIVE));
+    }
+    outline
+}
+
 /// Adds a counter to a plot: a step line, or where there are more entries than pixels a band
-/// from each pixel's lowest to its highest value, at least a line's thickness everywhere. A band
-/// covers each pixel once, where the min/max zigzag line it replaces covered each column three
-/// times over (on a software rasterizer that line was most of a frame). A dashed `style` (the
-/// compare view's second run) draws a band half transparent instead. egui_plot's band
-/// aggregation of lines is off: it would merge the two points of each step into a slanted band.
+/// from each pixel's lowest to its highest value (see [`outline`]). A band covers each pixel
+/// once, where the min/max zigzag line it replaces covered each column three times over (on a
+/// software rasterizer that line was most of a frame). A dashed `style` (the compare view's
+/// second run) draws a band half transparent instead. egui_plot's band aggregation of lines is
+/// off: it would merge the two points of each step into a slanted band.
 pub fn add_series(plot_ui: &mut PlotUi, name: String, outline: Outline, color: Color32, style: LineStyle) {
     match outline {
         Outline::Steps(points) => {
             plot_ui.line(Line::new(name, PlotPoints::new(points)).color(color).style(style).allow_band(false));
         }
-        Outline::Band(mut band) => {
-            let thickness = MIN_BAND_THICKNESS / plot_ui.transform().dpos_dvalue_y().abs().max(f64::MIN_POSITIVE);
-            for (low, high) in band.low.iter_mut().zip(band.high.iter_mut()) {
-                let missing = thickness - (*high - *low);
-                if missing > 0.0 {
-                    *low -= missing / 2.0;
-                    *high += missing / 2.0;
-                }
-            }
+        Outline::Band(band) => {
             let fill = if style == LineStyle::Solid { color } else { color.gamma_multiply(0.5) };
             plot_ui.add(FilledArea::new(name, &band.xs, &band.low, &band.high).fill_color(fill));
         }
@@ -153,13 +150,24 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         let bounds = plot_ui.plot_bounds();
         let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
         let width = plot_ui.response().rect.width();
-        let mut counters = vec![("reserved", &mut run.reserved, format::series::RESERVED)];
+        // Back to front: each counter is at least the one drawn over it.
+        let mut counters = vec![("reserved", outline(&mut run.reserved, plot_ui, x0, x1), format::series::RESERVED)];
         if show_active {
-            counters.push(("active", &mut run.active, format::series::ACTIVE));
+            counters.push(("active", outline(&mut run.active, plot_ui, x0, x1), format::series::ACTIVE));
         }
-        counters.push(("allocated", &mut run.allocated, format::series::ALLOCATED));
-        for (name, series, color) in counters {
-            add_series(plot_ui, name.to_owned(), outline(series, x0, x1, width), color, LineStyle::Solid);
+        counters.push(("allocated", outline(&mut run.allocated, plot_ui, x0, x1), format::series::ALLOCATED));
+        for back in 0..counters.len() {
+            let (behind, front) = counters.split_at_mut(back + 1);
+            if let Outline::Band(band) = &mut behind[back].1 {
+                for (_, over, _) in front.iter() {
+                    if let Outline::Band(over) = over {
+                        band.hide_behind(over);
+                    }
+                }
+            }
+        }
+        for (name, outline, color) in counters {
+            add_series(plot_ui, name.to_owned(), outline, color, LineStyle::Solid);
         }
         // Markers in view, at most one per pixel column (thousands of OOMs would otherwise
         // cost thousands of lines a frame).

@@ -163,6 +163,36 @@ pub struct Band {
     pub high: Vec<f64>,
 }
 
+impl Band {
+    /// Widens every bucket narrower than `thickness` (in values) to it, around its middle: a
+    /// bucket that held one value is then drawn as thick as a line.
+    pub fn thicken(&mut self, thickness: f64) {
+        for (low, high) in self.low.iter_mut().zip(self.high.iter_mut()) {
+            let missing = thickness - (*high - *low);
+            if missing > 0.0 {
+                *low -= missing / 2.0;
+                *high += missing / 2.0;
+            }
+        }
+    }
+
+    /// Leaves out what `front`, a band over the same x positions drawn after this one, covers:
+    /// where this band's bucket starts inside `front`'s, it now starts where `front`'s ends (or
+    /// is empty). The picture stays the same, with fewer pixels to shade: a counter that never
+    /// goes below another (active above allocated, reserved above active) mostly hides behind it.
+    pub fn hide_behind(&mut self, front: &Band) {
+        if self.xs != front.xs {
+            return;
+        }
+        for i in 0..self.low.len() {
+            let (low, high) = (self.low[i], self.high[i]);
+            if front.low[i] <= low && low < front.high[i] {
+                self.low[i] = front.high[i].min(high);
+            }
+        }
+    }
+}
+
 impl Outline {
     /// The outline with every x multiplied by `scale` (to lay one run over another's axis).
     pub fn scale_x(mut self, scale: f64) -> Self {
@@ -198,5 +228,25 @@ mod tests {
         assert_eq!(few.len(), 19, "steps: two points per value after the first");
         assert_eq!(few[..3], [[10.0, 10.0], [11.0, 10.0], [11.0, 11.0]]);
         assert_eq!(Outline::Steps(few[..1].to_vec()).scale_x(2.0), Outline::Steps(vec![[20.0, 10.0]]));
+    }
+
+    #[test]
+    fn bands_thicken_and_hide_only_what_is_covered() {
+        let band =
+            |low: &[f64], high: &[f64]| Band { xs: vec![0.0, 1.0, 2.0, 3.0], low: low.to_vec(), high: high.to_vec() };
+        let mut flat = band(&[5.0; 4], &[5.0, 5.0, 5.0, 9.0]);
+        flat.thicken(2.0);
+        assert_eq!((flat.low.clone(), flat.high.clone()), (vec![4.0, 4.0, 4.0, 5.0], vec![6.0, 6.0, 6.0, 9.0]));
+        let front = band(&[0.0, 0.0, 0.0, 0.0], &[4.0, 4.0, 4.0, 4.0]);
+        // Starts inside the front band: begins where it ends; wholly inside: empty; starts
+        // below it: both parts show, unchanged; starts above it: unchanged.
+        let mut back = band(&[1.0, 2.0, -1.0, 5.0], &[8.0, 3.0, 8.0, 9.0]);
+        back.hide_behind(&front);
+        assert_eq!(back.low, vec![4.0, 3.0, -1.0, 5.0]);
+        assert_eq!(back.high, vec![8.0, 3.0, 8.0, 9.0]);
+        // Other x positions: nothing to compare with.
+        let mut other = Band { xs: vec![0.0, 2.0, 4.0, 6.0], ..back.clone() };
+        other.hide_behind(&front);
+        assert_eq!(other.low, back.low);
     }
 }
