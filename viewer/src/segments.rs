@@ -358,7 +358,12 @@ fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f
         Pos2::new(x_of(row.start), bar.top()),
         Pos2::new(x_of(row.end).max(x_of(row.start) + 2.0), bar.bottom()),
     );
-    painter.rect_filled(extent, 0, Color32::from_gray(40));
+    // The pieces tile the extent, so on a software rasterizer, where every shaded pixel counts
+    // (see `app::panel_frame`), it is painted only where it shows past them: a row narrower
+    // than its two points. (Elsewhere it also backs the anti-aliased seams between pieces.)
+    if !crate::app::software_rendering(ui.ctx()) || x_of(row.end) - x_of(row.start) < 2.0 {
+        painter.rect_filled(extent, 0, Color32::from_gray(40));
+    }
     let mut column: Option<(f32, f32, BlockKind)> = None;
     let flush = |column: &mut Option<(f32, f32, BlockKind)>| {
         if let Some((x0, x1, kind)) = column.take() {
