@@ -150,9 +150,9 @@ pub enum Outline {
 }
 
 /// Per bucket, two x positions (where it starts and ends) with the bucket's lowest and highest
-/// value at both. Drawn as a filled band with the highs as its edge, it covers each pixel once;
-/// the same extremes as one min/max zigzag line overlapped each column three times and were,
-/// on a software rasterizer, most of a frame's cost.
+/// value at both. Drawn as one filled band it covers each pixel once; the same extremes as a
+/// min/max zigzag line overlapped each column three times and were, on a software rasterizer,
+/// most of a frame's cost.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Band {
     /// Increasing x positions, two per bucket.

@@ -168,8 +168,20 @@ impl<'b> Guard<'b> {
     }
 
     fn pop_mark(&mut self) -> Result<Vec<Slot>, PickleError> {
+        let mark = self.take_mark()?;
+        Ok(self.pop_from(mark))
+    }
+
+    /// Closes the innermost MARK, dropping what is above it.
+    fn discard_mark(&mut self) -> Result<(), PickleError> {
+        let mark = self.take_mark()?;
+        self.stack.truncate(mark);
+        Ok(())
+    }
+
+    fn take_mark(&mut self) -> Result<usize, PickleError> {
         match self.marks.pop() {
-            Some(mark) => Ok(self.pop_from(mark)),
+            Some(mark) => Ok(mark),
             None => self.fail("there is no MARK to close (corrupt file?)"),
         }
     }
@@ -387,13 +399,11 @@ impl<'b> Guard<'b> {
                     if self.stack.len() > self.base() {
                         self.stack.pop();
                     } else {
-                        let items = self.pop_mark()?;
-                        self.recycle(items);
+                        self.discard_mark()?;
                     }
                 }
                 op::POP_MARK => {
-                    let items = self.pop_mark()?;
-                    self.recycle(items);
+                    self.discard_mark()?;
                 }
                 op::DUP => {
                     let top = self.top()?;
