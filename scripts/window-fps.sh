@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Measures the viewer's window while the timeline cursor is dragged: frames per second as the
 # app reports them (CACHALOT_FRAME_STATS=1), on a virtual display (Xvfb) with the mouse driven
-# by xdotool. Without a GPU the window is drawn by Mesa's lavapipe, as on the development machine.
+# by xdotool. Without a GPU the window is drawn by Mesa's software OpenGL (llvmpipe), as on the
+# development machine, or by lavapipe with `--renderer wgpu`.
 #
-#   scripts/window-fps.sh [FILE]        # FILE: anything `cachalot view` opens; none: the empty window
+#   scripts/window-fps.sh [FILE] [VIEW OPTIONS]   # FILE: anything `cachalot view` opens; none: the empty window
 #
 # Environment: CACHALOT (the binary; default target/release/cachalot), WAIT (seconds to let the
 # file load before dragging; default 6). Needs Xvfb and xdotool.
@@ -40,5 +41,7 @@ xdotool mouseup 1
 sleep 2.5
 kill "$app" 2>/dev/null || { echo "window-fps.sh: the viewer exited early:" >&2; cat "$log" >&2; exit 1; }
 wait "$app" 2>/dev/null || true
-# The app prints a line every two seconds; the last two cover the drag.
+# What the app said (e.g. which renderer draws the window), then its frame counts: it prints
+# one every two seconds, and the last two cover the drag.
+grep -v "frames/s" "$log" || true
 grep "frames/s" "$log" | tail -n 2

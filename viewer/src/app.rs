@@ -145,7 +145,7 @@ pub struct ViewerApp {
     open_dialog: crate::native::OpenDialog,
     #[cfg(target_arch = "wasm32")]
     inbox: crate::web::Inbox,
-    /// Drawn by a software rasterizer (Mesa's lavapipe on a machine without a GPU): the panels
+    /// Drawn by a software rasterizer (Mesa's llvmpipe or lavapipe on a machine without a GPU): the panels
     /// then paint no fill and the window is cleared to their colour instead (see
     /// [`panel_frame`]).
     pub software_rendering: bool,

@@ -1,7 +1,12 @@
 //! Native-only parts: the window, the open dialog, headless screenshots (egui_kittest through
 //! wgpu, e.g. on Mesa's lavapipe) and the benchmark.
 
+mod renderer;
+
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+
+pub use renderer::{WindowRenderer, auto_renderer, is_software_gl, wgpu_adapters};
 
 use crate::app::{View, ViewerApp};
 
@@ -112,26 +117,57 @@ impl eframe::App for FrameStats {
             self.slowest = 0.0;
         }
         self.app.ui(ui, frame);
+        // A report every two seconds even while nothing else asks for a frame.
+        ui.ctx().request_repaint_after(std::time::Duration::from_secs(2));
     }
 }
 
-/// Opens the window (blocks until it is closed).
-pub fn run_window(app: ViewerApp) -> Result<(), String> {
+/// Opens the window (blocks until it is closed), drawn by `renderer`. With
+/// [`WindowRenderer::Auto`] the choice and its reason are printed when it is not wgpu, and if
+/// OpenGL cannot start the window opens with wgpu instead.
+pub fn run_window(app: ViewerApp, renderer: WindowRenderer) -> Result<(), String> {
+    let first = match renderer {
+        WindowRenderer::Auto => {
+            let (first, why) = auto_renderer(&wgpu_adapters());
+            if let Some(why) = why {
+                eprintln!("cachalot: {why}");
+            }
+            first
+        }
+        chosen => chosen,
+    };
+    let app = Cell::new(Some(app));
+    match open_window(&app, first) {
+        Err(e) if renderer == WindowRenderer::Auto && first == WindowRenderer::Glow => match app.take() {
+            // OpenGL failed before the app was handed over: try wgpu with it.
+            Some(unused) => {
+                eprintln!("cachalot: OpenGL did not start ({e}); drawing the window with wgpu");
+                open_window(&Cell::new(Some(unused)), WindowRenderer::Wgpu)
+            }
+            None => Err(e),
+        },
+        result => result,
+    }
+}
+
+/// Runs eframe with `renderer` (wgpu or glow) on the app in `slot`.
+fn open_window(slot: &Cell<Option<ViewerApp>>, renderer: WindowRenderer) -> Result<(), String> {
     let stats = std::env::var_os("CACHALOT_FRAME_STATS").is_some_and(|v| v != "0");
     let options = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default().with_inner_size([1400.0, 900.0]).with_title("cachalot"),
+        renderer: match renderer {
+            WindowRenderer::Glow => eframe::Renderer::Glow,
+            WindowRenderer::Wgpu | WindowRenderer::Auto => eframe::Renderer::Wgpu,
+        },
         ..Default::default()
     };
     eframe::run_native(
         "cachalot",
         options,
         Box::new(move |cc| -> Result<Box<dyn eframe::App>, _> {
+            let mut app = slot.take().ok_or("the window was opened twice")?;
             ViewerApp::setup(&cc.egui_ctx);
-            let mut app = app;
-            app.software_rendering = cc
-                .wgpu_render_state
-                .as_ref()
-                .is_some_and(|rs| rs.adapter.get_info().device_type == eframe::wgpu::DeviceType::Cpu);
+            app.software_rendering = software_rasterized(cc);
             if stats {
                 let now = web_time::Instant::now();
                 return Ok(Box::new(FrameStats { app, window_start: now, last_frame: now, frames: 0, slowest: 0.0 }));
@@ -140,6 +176,21 @@ pub fn run_window(app: ViewerApp) -> Result<(), String> {
         }),
     )
     .map_err(|e| e.to_string())
+}
+
+/// Whether the window's renderer runs on the CPU: wgpu's adapter says so by its type, OpenGL
+/// by its `GL_RENDERER` string.
+fn software_rasterized(cc: &eframe::CreationContext<'_>) -> bool {
+    if let Some(render_state) = &cc.wgpu_render_state {
+        return render_state.adapter.get_info().device_type == eframe::wgpu::DeviceType::Cpu;
+    }
+    cc.gl.as_ref().is_some_and(|gl| {
+        use eframe::glow::HasContext as _;
+        // SAFETY: eframe calls the app creator with its OpenGL context current on this
+        // thread, and GL_RENDERER is a valid name for glGetString.
+        let name = unsafe { gl.get_parameter_string(eframe::glow::RENDERER) };
+        is_software_gl(&name)
+    })
 }
 
 /// What a screenshot shows.

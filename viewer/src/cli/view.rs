@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
-use cachalot_viewer::native::{ScreenshotOptions, bench, generate_trace, run_window, screenshot};
+use cachalot_viewer::native::{ScreenshotOptions, WindowRenderer, bench, generate_trace, run_window, screenshot};
 use cachalot_viewer::{View, ViewerApp};
 
 use super::{Failure, Outcome};
@@ -30,6 +30,10 @@ pub struct ViewArgs {
     /// Pixels per point of the screenshot.
     #[arg(long, default_value_t = 1.0)]
     pub scale: f32,
+    /// What draws the window: auto (wgpu on a GPU; OpenGL where wgpu finds only a software
+    /// rasterizer, which runs it several times faster), wgpu or glow.
+    #[arg(long, default_value = "auto")]
+    pub renderer: WindowRenderer,
     /// Measure open time and cursor-drag frame times on a generated trace.
     #[arg(long)]
     pub bench: bool,
@@ -99,7 +103,7 @@ pub fn run(args: &ViewArgs) -> Outcome {
         }
         None => {
             app.view = view;
-            run_window(app).map_err(|e| Failure::input(anyhow!("cannot open a window: {e}")))
+            run_window(app, args.renderer).map_err(|e| Failure::input(anyhow!("cannot open a window: {e}")))
         }
     }
 }
