@@ -236,9 +236,17 @@ impl FreeIndex {
     pub(crate) fn lower_bound(&self, stream: StreamId, size: u64) -> Option<u32> {
         let classes = self.stream(stream)?;
         let class = size_class(size);
-        classes.lists[class]
-            .first_from(&self.arena, (size, 0), false)
-            .or_else(|| self.first_after_class(classes, class))
+        let list = &classes.lists[class];
+        // Block sizes are multiples of 512 bytes, so a linear class holds blocks of its one
+        // size: its first block is the answer, found without a search.
+        let found = if size < LINEAR_LIMIT && size.is_multiple_of(512) {
+            let first = list.first(&self.arena);
+            debug_assert_eq!(first, list.first_from(&self.arena, (size, 0), false), "a linear class mixes sizes");
+            first
+        } else {
+            list.first_from(&self.arena, (size, 0), false)
+        };
+        found.or_else(|| self.first_after_class(classes, class))
     }
 
     /// The next block of the same stream.

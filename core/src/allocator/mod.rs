@@ -13,6 +13,7 @@ mod malloc;
 mod release;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::backend::{Backend, DeviceFacts, StreamId};
@@ -33,7 +34,9 @@ static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
 /// needs to use the memory. Freeing it twice, or freeing it on another allocator, is an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Allocation {
-    allocator: u32,
+    /// Non-zero, so that `Option<Allocation>` (a handle table's slot) is no larger than the
+    /// handle itself.
+    allocator: NonZeroU32,
     block: u32,
     generation: u32,
     stream: StreamId,
@@ -41,6 +44,11 @@ pub struct Allocation {
     size: u64,
     requested: u64,
 }
+
+const _: () = assert!(
+    std::mem::size_of::<Option<Allocation>>() == std::mem::size_of::<Allocation>(),
+    "an empty handle slot costs nothing extra"
+);
 
 impl Allocation {
     /// The device address of the block (for the wgpu backend, an address in its own space).
@@ -98,7 +106,7 @@ impl BlockPool {
 /// # Ok::<(), cachalot_core::AllocatorError>(())
 /// ```
 pub struct CachingAllocator<B: Backend> {
-    id: u32,
+    id: NonZeroU32,
     backend: B,
     config: AllocatorConfig,
     blocks: Blocks,
@@ -135,7 +143,8 @@ impl<B: Backend> CachingAllocator<B> {
         Self::check_config(&backend, &config)?;
         let max_split_size = config.max_split_size().map_or(-1, |s| s as i64);
         let mut allocator = CachingAllocator {
-            id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+            // Ids start at 1; were the counter ever to wrap, 0 is skipped.
+            id: NonZeroU32::new(NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed)).unwrap_or(NonZeroU32::MIN),
             backend,
             blocks: Blocks::default(),
             segments: Slab::default(),
