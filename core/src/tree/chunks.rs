@@ -157,11 +157,33 @@ impl Arena {
     }
 }
 
-/// A chunk of a list and the largest key in it.
+/// A chunk of a list and the largest key in it. The key is kept as two `u64` halves, so an
+/// entry takes 24 bytes instead of the 32 a `u128`'s alignment would make it: a long list's
+/// entries are searched and shifted as one array.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    last: u128,
+    last_high: u64,
+    last_low: u64,
     chunk: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 24);
+
+impl Entry {
+    #[inline]
+    fn new(last: u128, chunk: u32) -> Self {
+        Entry { last_high: (last >> 64) as u64, last_low: last as u64, chunk }
+    }
+
+    #[inline]
+    fn last(&self) -> u128 {
+        (u128::from(self.last_high) << 64) | u128::from(self.last_low)
+    }
+
+    #[inline]
+    fn set_last(&mut self, last: u128) {
+        *self = Entry::new(last, self.chunk);
+    }
 }
 
 /// One ordered list of (key, id), keys unique.
@@ -196,7 +218,7 @@ impl List {
     /// The index of the first entry whose chunk may hold a key `>= key`.
     #[inline]
     fn entry_for(&self, key: u128) -> usize {
-        self.entries.partition_point(|e| e.last < key)
+        self.entries.partition_point(|e| e.last() < key)
     }
 
     pub(crate) fn insert(&mut self, arena: &mut Arena, key: Key, id: u32) {
@@ -213,20 +235,20 @@ impl List {
             c.ids[..INLINE].copy_from_slice(&self.small.ids);
             c.len = INLINE;
             self.small.len = 0;
-            self.entries.push(Entry { last: c.last_key(), chunk });
+            self.entries.push(Entry::new(c.last_key(), chunk));
         }
         // A key above every other goes to the end of the last chunk.
         let mut i = self.entry_for(key).min(self.entries.len() - 1);
         if arena.get(self.entries[i].chunk).len == CAP {
             self.split(arena, i);
-            if key > self.entries[i].last {
+            if key > self.entries[i].last() {
                 i += 1;
             }
         }
         let entry = &mut self.entries[i];
         let chunk = arena.get_mut(entry.chunk);
         chunk.insert(key, id);
-        entry.last = chunk.last_key();
+        entry.set_last(chunk.last_key());
     }
 
     /// Moves the upper half of entry `i`'s full chunk into a new chunk after it.
@@ -244,8 +266,8 @@ impl List {
         new.ids[..CAP - half].copy_from_slice(&ids[half..]);
         new.len = CAP - half;
         let upper_last = new.last_key();
-        self.entries[i].last = keys[half - 1];
-        self.entries.insert(i + 1, Entry { last: upper_last, chunk: upper });
+        self.entries[i].set_last(keys[half - 1]);
+        self.entries.insert(i + 1, Entry::new(upper_last, upper));
     }
 
     /// Removes `key`; false when it is not in the list.
@@ -275,7 +297,7 @@ impl List {
                 self.entries.clear();
             }
             len => {
-                entry.last = chunk.last_key();
+                entry.set_last(chunk.last_key());
                 if len < MERGE_BELOW {
                     self.merge_around(arena, i);
                 }
@@ -300,7 +322,8 @@ impl List {
         target.keys[target.len..target.len + moved.len].copy_from_slice(moved.keys());
         target.ids[target.len..target.len + moved.len].copy_from_slice(&moved.ids[..moved.len]);
         target.len += moved.len;
-        self.entries[left].last = self.entries[left + 1].last;
+        let last = self.entries[left + 1].last();
+        self.entries[left].set_last(last);
         self.entries.remove(left + 1);
         arena.give_back(from);
     }
@@ -312,7 +335,7 @@ impl List {
         if self.entries.is_empty() {
             return self.small.first_from(key, strict);
         }
-        let i = if strict { self.entries.partition_point(|e| e.last <= key) } else { self.entry_for(key) };
+        let i = if strict { self.entries.partition_point(|e| e.last() <= key) } else { self.entry_for(key) };
         arena.get(self.entries.get(i)?.chunk).first_from(key, strict)
     }
 
@@ -383,7 +406,7 @@ impl List {
             if !in_order(chunk.keys()) {
                 return Err(format!("keys out of order in chunk {} (entry {i})", e.chunk));
             }
-            if e.last != chunk.last_key() {
+            if e.last() != chunk.last_key() {
                 return Err(format!("entry {i} records a wrong last key for chunk {}", e.chunk));
             }
             total += chunk.len;
