@@ -44,15 +44,24 @@ chmod -R u+w "$bin"
 cat >"$bin/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the device machine, from the repository root:
-#   bash .device-bin/run.sh [all|tests|bench] [test-name filter ...]
+#   bash .device-bin/run.sh [all|tests|bench|rounds N] [test-name filter ...]
 # tests: every GPU test with CACHALOT_REQUIRE_CUDA=1 (a missing GPU fails them), one at a time.
 # bench: the standard op files (shared/bench/workloads.sh), PyTorch's caching allocator
 #        (torch_alloc_bench.py), cachalot's CUDA backend and the simulator (`cachalot bench`)
 #        in the same run, and the ratio per file. Logs and results go to $OUT.
+# rounds N: N rounds in which every op file runs on PyTorch's harness and then on `cachalot
+#        bench --backend cuda`, both pinned to one core; per file, the ratio of each round and
+#        their median (the host is shared and slows down for seconds at a time, so the two
+#        sides are timed back to back, file by file).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}
 shift || true
+rounds=1
+if [[ $mode == rounds ]]; then
+    rounds=${1:-4}
+    shift || true
+fi
 out=${OUT:-/tmp/cachalot-device-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -80,6 +89,44 @@ if [[ $mode == all || $mode == bench ]]; then
         | tee "$out/ratios.txt"
     rm -f "$out/ratios.body"
 fi
+if [[ $mode == rounds ]]; then
+    ops=/tmp/cachalot-ops
+    bash "$here/shared/bench/workloads.sh" "$ops" >"$out/workloads.log" 2>&1 || status=1
+    # One core, the same for both, away from core 0's interrupts.
+    pin=()
+    command -v taskset >/dev/null && [[ $(nproc) -gt 5 ]] && pin=(taskset -c 5)
+    # File by file, the two harnesses back to back, so both see the host in the same state.
+    : >"$out/rounds.log"
+    for round in $(seq "$rounds"); do
+        for file in "$ops"/*.ops; do
+            "${pin[@]}" python3 "$here/shared/bench/torch_alloc_bench.py" "$file" --skip-cudamalloc 2>/dev/null \
+                | awk -v r="$round" '$2 == "pytorch-caching" { print r, $1, "pytorch", $3 }' >>"$out/rounds.log" || status=1
+            "${pin[@]}" "$here/cachalot" bench --backend cuda "$file" 2>/dev/null \
+                | awk -v r="$round" '$2 == "cachalot-cuda" { print r, $1, "cachalot", $3 }' >>"$out/rounds.log" || status=1
+        done
+        echo "round $round done" >&2
+    done
+    # Per file: each round's ratio, and the median of those ratios.
+    awk 'function median(list,   n, v, i, j, t) {
+             n = split(list, v, " ")
+             for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+             return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+         }
+         $3 == "pytorch" { t[$2, $1] = $4; files[$2] = 1 }
+         $3 == "cachalot" { c[$2, $1] = $4 }
+         END {
+             for (f in files) {
+                 ratios = ""; tl = ""; cl = ""
+                 for (r = 1; (f, r) in t; r++) if ((f, r) in c) {
+                     ratios = ratios " " c[f, r] / t[f, r]; tl = tl " " t[f, r]; cl = cl " " c[f, r]
+                 }
+                 printf "%-32s %9.1f %9.1f %8.3f  %s\n", f, median(tl), median(cl), median(ratios), ratios
+             }
+         }' "$out/rounds.log" | sort >"$out/rounds.body"
+    { printf "%-32s %9s %9s %8s  %s\n" "ops file" "pytorch" "cachalot" "ratio" "(medians of rounds; ratio of each round)"
+      cat "$out/rounds.body"; } | tee "$out/rounds.txt"
+    rm -f "$out/rounds.body"
+fi
 exit $status
 RUN
 chmod +x "$bin/run.sh"
@@ -95,7 +142,8 @@ Device command (device tool: command as below, carry [".device-bin"], timeout_s 
 It runs the GPU tests (CACHALOT_REQUIRE_CUDA=1: a missing GPU fails them), then PyTorch's caching
 allocator and cachalot's CUDA backend on the standard op files in the same run, and writes
 gpu.txt, tests.log, workloads.log, torch.txt, torch.json, cachalot.txt and ratios.txt to \$OUT.
-'bash .device-bin/run.sh tests [filter]' or 'bash .device-bin/run.sh bench' run one half.
+'bash .device-bin/run.sh tests [filter]' or 'bash .device-bin/run.sh bench' run one half;
+'bash .device-bin/run.sh rounds 5' times the two file by file, back to back, 5 rounds (rounds.txt).
 
 The test half alone, spelled out:
 
