@@ -57,7 +57,6 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}
 shift || true
-rounds=1
 if [[ $mode == rounds ]]; then
     rounds=${1:-4}
     shift || true
@@ -68,13 +67,16 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export CACHALOT_REQUIRE_CUDA=1 CACHALOT_SHARED_DIR="$here/shared" RUST_BACKTRACE=1 PYTHONUNBUFFERED=1
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+# The standard op files, for either benchmark mode.
+ops=/tmp/cachalot-ops
+if [[ $mode != tests ]]; then
+    bash "$here/shared/bench/workloads.sh" "$ops" >"$out/workloads.log" 2>&1 || status=1
+fi
 if [[ $mode == all || $mode == tests ]]; then
     "$here/cuda-tests" --test-threads=1 "$@" 2>&1 | tee "$out/tests.log"
     [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 if [[ $mode == all || $mode == bench ]]; then
-    ops=/tmp/cachalot-ops
-    bash "$here/shared/bench/workloads.sh" "$ops" >"$out/workloads.log" 2>&1 || status=1
     python3 "$here/shared/bench/torch_alloc_bench.py" "$ops"/*.ops --skip-cudamalloc --json "$out/torch.json" 2>&1 \
         | tee "$out/torch.txt"
     [[ ${PIPESTATUS[0]} == 0 ]] || status=1
@@ -90,8 +92,6 @@ if [[ $mode == all || $mode == bench ]]; then
     rm -f "$out/ratios.body"
 fi
 if [[ $mode == rounds ]]; then
-    ops=/tmp/cachalot-ops
-    bash "$here/shared/bench/workloads.sh" "$ops" >"$out/workloads.log" 2>&1 || status=1
     # One core, the same for both, away from core 0's interrupts.
     pin=()
     command -v taskset >/dev/null && [[ $(nproc) -gt 5 ]] && pin=(taskset -c 5)
