@@ -19,8 +19,9 @@ pub(crate) const CAP: usize = 16;
 const MERGE_BELOW: usize = CAP / 4;
 const MERGE_LIMIT: usize = CAP * 3 / 4;
 
+/// A key as one `u128`, compared like the tuple.
 #[inline]
-fn pack(key: Key) -> u128 {
+pub(crate) fn pack(key: Key) -> u128 {
     (u128::from(key.0) << 64) | u128::from(key.1)
 }
 
@@ -96,11 +97,11 @@ impl<const N: usize> Run<N> {
         found
     }
 
-    /// The id of the first key `>= key` (`strict`: `> key`).
+    /// The first key `>= key` (`strict`: `> key`) and its id.
     #[inline]
-    fn first_from(&self, key: u128, strict: bool) -> Option<u32> {
+    fn first_from(&self, key: u128, strict: bool) -> Option<(u128, u32)> {
         let at = if strict { self.keys().partition_point(|&k| k <= key) } else { self.position(key) };
-        (at < self.len).then(|| self.ids[at])
+        (at < self.len).then(|| (self.keys[at], self.ids[at]))
     }
 
     /// The id of the last key `< key`.
@@ -109,8 +110,8 @@ impl<const N: usize> Run<N> {
         (at > 0).then(|| self.ids[at - 1])
     }
 
-    fn first(&self) -> Option<u32> {
-        (self.len > 0).then(|| self.ids[0])
+    fn first(&self) -> Option<(u128, u32)> {
+        (self.len > 0).then(|| (self.keys[0], self.ids[0]))
     }
 
     fn last(&self) -> Option<u32> {
@@ -328,9 +329,9 @@ impl List {
         arena.give_back(from);
     }
 
-    /// The id of the first key `>= key` (`strict`: `> key`).
+    /// The first key `>= key` (`strict`: `> key`), packed, and its id.
     #[inline]
-    pub(crate) fn first_from(&self, arena: &Arena, key: Key, strict: bool) -> Option<u32> {
+    pub(crate) fn first_from(&self, arena: &Arena, key: Key, strict: bool) -> Option<(u128, u32)> {
         let key = pack(key);
         if self.entries.is_empty() {
             return self.small.first_from(key, strict);
@@ -353,9 +354,9 @@ impl List {
             .or_else(|| arena.get(self.entries.get(i.checked_sub(1)?)?.chunk).last())
     }
 
-    /// The id of the first key.
+    /// The first key, packed, and its id.
     #[inline]
-    pub(crate) fn first(&self, arena: &Arena) -> Option<u32> {
+    pub(crate) fn first(&self, arena: &Arena) -> Option<(u128, u32)> {
         match self.entries.first() {
             None => self.small.first(),
             Some(e) => arena.get(e.chunk).first(),
@@ -431,7 +432,7 @@ mod tests {
             }
             assert!(!list.entries.is_empty(), "more than INLINE keys live in chunks");
             assert_eq!(list.check(&arena).unwrap(), INLINE + 1 + round as usize);
-            assert_eq!(list.first(&arena), Some(0));
+            assert_eq!(list.first(&arena).map(|(_, id)| id), Some(0));
             for k in (1..=INLINE as u64 + round).rev() {
                 assert!(list.remove(&mut arena, (512, k * 512)));
                 list.check(&arena).unwrap();
@@ -474,13 +475,14 @@ mod tests {
                 assert_eq!(all, reference.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>());
                 let probe = ((x >> 30) % 17 * 512, (x >> 40) % 4096 * 512);
                 let id = |e: Option<(&Key, &u32)>| e.map(|(_, &v)| v);
-                assert_eq!(list.first_from(&arena, probe, false), id(reference.range(probe..).next()));
+                let entry = |e: Option<(&Key, &u32)>| e.map(|(&k, &v)| (pack(k), v));
+                assert_eq!(list.first_from(&arena, probe, false), entry(reference.range(probe..).next()));
                 assert_eq!(
                     list.first_from(&arena, probe, true),
-                    id(reference.range((std::ops::Bound::Excluded(probe), std::ops::Bound::Unbounded)).next())
+                    entry(reference.range((std::ops::Bound::Excluded(probe), std::ops::Bound::Unbounded)).next())
                 );
                 assert_eq!(list.last_before(&arena, probe), id(reference.range(..probe).next_back()));
-                assert_eq!(list.first(&arena), id(reference.iter().next()));
+                assert_eq!(list.first(&arena), entry(reference.iter().next()));
                 assert_eq!(list.last(&arena), id(reference.iter().next_back()));
             }
         }
