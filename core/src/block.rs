@@ -188,6 +188,7 @@ pub(crate) struct Blocks {
 }
 
 impl Blocks {
+    #[inline]
     pub(crate) fn insert(&mut self, mut block: Block) -> u32 {
         self.len += 1;
         if let Some(index) = self.vacant.pop() {
@@ -263,10 +264,16 @@ impl Blocks {
     }
 
     /// Takes the block's stream uses (empty when it has none).
+    #[inline]
     pub(crate) fn take_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
         if self.with_stream_uses == 0 {
             return Vec::new();
         }
+        self.take_recorded_stream_uses(index)
+    }
+
+    #[cold]
+    fn take_recorded_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
         match self.cold[index as usize].stream_uses.take() {
             Some(uses) => {
                 self.with_stream_uses -= 1;

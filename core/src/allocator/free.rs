@@ -163,6 +163,11 @@ impl<B: Backend> CachingAllocator<B> {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [self.blocks[id].prev, self.blocks[id].next] {
+            // Checked here, not only inside: an unsplit block has no neighbours, and the call
+            // costs more than the check.
+            if candidate == NIL {
+                continue;
+            }
             let subsumed = self.try_merge_blocks(id, candidate);
             if subsumed > 0 {
                 net_blocks -= 1;

@@ -427,6 +427,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Links `id` between `before` and `after` (PyTorch's `Block::splice`), keeping the
     /// segment's head current.
+    #[inline]
     fn splice(&mut self, id: u32, before: u32, after: u32) {
         if before != NIL {
             self.blocks[before].next = id;
