@@ -49,10 +49,11 @@ cat >"$bin/run.sh" <<'RUN'
 # bench: the standard op files (shared/bench/workloads.sh), PyTorch's caching allocator
 #        (torch_alloc_bench.py), cachalot's CUDA backend and the simulator (`cachalot bench`)
 #        in the same run, and the ratio per file. Logs and results go to $OUT.
-# rounds N: N rounds in which every op file runs on PyTorch's harness and then on `cachalot
-#        bench --backend cuda`, both pinned to one core; per file, the ratio of each round and
-#        their median (the host is shared and slows down for seconds at a time, so the two
-#        sides are timed back to back, file by file).
+# rounds N: N rounds in which every op file runs on PyTorch's harness and on `cachalot
+#        bench --backend cuda`, back to back (the order alternating by round), both pinned to
+#        one core; per file, the ratio of each round and their median, and the ratio of each
+#        side's best round (the host is shared and slows everything down ~1.8x for seconds at
+#        a time: a round that caught one side in such a spell is an outlier either way).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}
@@ -95,14 +96,21 @@ if [[ $mode == rounds ]]; then
     # One core, the same for both, away from core 0's interrupts.
     pin=()
     command -v taskset >/dev/null && [[ $(nproc) -gt 5 ]] && pin=(taskset -c 5)
-    # File by file, the two harnesses back to back, so both see the host in the same state.
+    # File by file, the two harnesses back to back, so both see the host in the same state;
+    # which goes first alternates from round to round, so neither always follows the other.
     : >"$out/rounds.log"
+    pytorch() {
+        "${pin[@]}" python3 "$here/shared/bench/torch_alloc_bench.py" "$1" --skip-cudamalloc 2>/dev/null \
+            | awk -v r="$2" '$2 == "pytorch-caching" { print r, $1, "pytorch", $3 }' >>"$out/rounds.log" || status=1
+    }
+    cachalot() {
+        "${pin[@]}" "$here/cachalot" bench --backend cuda "$1" 2>/dev/null \
+            | awk -v r="$2" '$2 == "cachalot-cuda" { print r, $1, "cachalot", $3 }' >>"$out/rounds.log" || status=1
+    }
     for round in $(seq "$rounds"); do
         for file in "$ops"/*.ops; do
-            "${pin[@]}" python3 "$here/shared/bench/torch_alloc_bench.py" "$file" --skip-cudamalloc 2>/dev/null \
-                | awk -v r="$round" '$2 == "pytorch-caching" { print r, $1, "pytorch", $3 }' >>"$out/rounds.log" || status=1
-            "${pin[@]}" "$here/cachalot" bench --backend cuda "$file" 2>/dev/null \
-                | awk -v r="$round" '$2 == "cachalot-cuda" { print r, $1, "cachalot", $3 }' >>"$out/rounds.log" || status=1
+            if (( round % 2 )); then pytorch "$file" "$round"; cachalot "$file" "$round"
+            else cachalot "$file" "$round"; pytorch "$file" "$round"; fi
         done
         echo "round $round done" >&2
     done
@@ -116,14 +124,16 @@ if [[ $mode == rounds ]]; then
          $3 == "cachalot" { c[$2, $1] = $4 }
          END {
              for (f in files) {
-                 ratios = ""; tl = ""; cl = ""
+                 ratios = ""; tl = ""; cl = ""; tmin = 0; cmin = 0
                  for (r = 1; (f, r) in t; r++) if ((f, r) in c) {
-                     ratios = ratios " " c[f, r] / t[f, r]; tl = tl " " t[f, r]; cl = cl " " c[f, r]
+                     ratios = ratios " " sprintf("%.3f", c[f, r] / t[f, r]); tl = tl " " t[f, r]; cl = cl " " c[f, r]
+                     if (!tmin || t[f, r] < tmin) tmin = t[f, r]
+                     if (!cmin || c[f, r] < cmin) cmin = c[f, r]
                  }
-                 printf "%-32s %9.1f %9.1f %8.3f  %s\n", f, median(tl), median(cl), median(ratios), ratios
+                 printf "%-32s %9.1f %9.1f %8.3f %8.3f  %s\n", f, median(tl), median(cl), median(ratios), cmin / tmin, ratios
              }
          }' "$out/rounds.log" | sort >"$out/rounds.body"
-    { printf "%-32s %9s %9s %8s  %s\n" "ops file" "pytorch" "cachalot" "ratio" "(medians of rounds; ratio of each round)"
+    { printf "%-32s %9s %9s %8s %8s  %s\n" "ops file" "pytorch" "cachalot" "ratio" "best" "(medians of rounds; median ratio; best/best; each round)"
       cat "$out/rounds.body"; } | tee "$out/rounds.txt"
     rm -f "$out/rounds.body"
 fi
