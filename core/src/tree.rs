@@ -12,7 +12,8 @@
 //!   list per class ([`chunks`]; its chunks come from one recycled arena). Best fit is then a
 //!   bit scan plus two short binary searches over contiguous keys, instead of a walk through
 //!   every free block of the pool; the order, and so every tie-break, is the same as one big
-//!   tree's.
+//!   tree's. The block inserted last waits beside the lists, as it is usually the next one
+//!   taken.
 
 use crate::backend::StreamId;
 use crate::block::{Block, Blocks, NIL};
@@ -179,8 +180,8 @@ impl StreamClasses {
 
 /// The best-fit set of one pool's free blocks, ordered by (stream, size, address).
 ///
-/// The block inserted last is held beside the class lists, in [`FreeIndex::recent`], until the
-/// next insert files it. Why: on the cache-hit path the block freed last is usually the next
+/// The block inserted last is held beside the class lists, in `recent`, until the next insert
+/// files it. Why: on the cache-hit path the block freed last is usually the next
 /// one taken: a step frees a tensor and allocates the same size again, and a split's free tail
 /// is merged back when the carved block is freed. Each of those pairs then costs a comparison
 /// instead of two list updates (steady-1MiB's alloc/free pair made four). Every query weighs
