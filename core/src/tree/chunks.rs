@@ -466,7 +466,13 @@ mod tests {
             // Few sizes, so runs of equal sizes ordered by address, as in a busy class.
             let key = ((x >> 60) * 512, (x >> 20) % 4096 * 512);
             let grow = step < 10_000;
-            if (x >> 8).is_multiple_of(if grow { 3 } else { 2 }) || reference.contains_key(&key) {
+            if (x >> 4).is_multiple_of(5) {
+                // Best fit's removal: the smallest key, taken without a search.
+                if let Some((&first, _)) = reference.first_key_value() {
+                    reference.remove(&first);
+                    assert!(list.remove(&mut arena, first));
+                }
+            } else if (x >> 8).is_multiple_of(if grow { 3 } else { 2 }) || reference.contains_key(&key) {
                 if reference.remove(&key).is_some() {
                     assert!(list.remove(&mut arena, key));
                 } else {
