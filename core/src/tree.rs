@@ -129,17 +129,23 @@ impl StreamClasses {
         StreamClasses { stream, lists: vec![List::default(); CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
     }
 
-    /// Brings class `class`'s bits up to date after its list changed.
-    fn mark(&mut self, class: usize) {
-        let (g, bit) = (class / 64, 1u64 << (class % 64));
+    /// Marks class `class` non-empty (after an insert).
+    #[inline]
+    fn mark_filled(&mut self, class: usize) {
+        let g = class / 64;
+        self.bits[g] |= 1 << (class % 64);
+        self.groups |= 1 << g;
+    }
+
+    /// Clears class `class`'s bits if its list is now empty (after a removal).
+    #[inline]
+    fn mark_if_emptied(&mut self, class: usize) {
         if self.lists[class].is_empty() {
-            self.bits[g] &= !bit;
+            let g = class / 64;
+            self.bits[g] &= !(1 << (class % 64));
             if self.bits[g] == 0 {
                 self.groups &= !(1 << g);
             }
-        } else {
-            self.bits[g] |= bit;
-            self.groups |= 1 << g;
         }
     }
 
@@ -259,7 +265,7 @@ impl FreeIndex {
         let classes = &mut self.streams[index];
         let class = size_class(block.key.0);
         classes.lists[class].insert(&mut self.arena, block.key, block.id);
-        classes.mark(class);
+        classes.mark_filled(class);
         self.listed += 1;
     }
 
@@ -273,7 +279,7 @@ impl FreeIndex {
         let class = size_class(b.size);
         let found = classes.lists[class].remove(&mut self.arena, BySize::key(b));
         debug_assert!(found, "block {id} not in its set");
-        classes.mark(class);
+        classes.mark_if_emptied(class);
         self.listed -= usize::from(found);
     }
 
