@@ -284,24 +284,25 @@ impl FreeIndex {
     }
 
     /// The recent block if it is in `stream` and `qualifies` by its key, and comes before the
-    /// lists' answer `listed` (after it, with `later`); else `listed`. For the searches off the
-    /// cache-hit path: it reads the listed block's key from the block.
+    /// lists' answer `listed` (after it, with `later`); else `listed`. The lists answer with
+    /// the key they hold beside the id, so no block is read.
+    #[inline]
     fn weigh_recent(
         &self,
-        blocks: &Blocks,
         stream: StreamId,
-        listed: Option<u32>,
+        listed: Option<(u128, u32)>,
         qualifies: impl Fn(Key) -> bool,
         later: bool,
     ) -> Option<u32> {
         let recent = &self.recent;
-        if recent.id == NIL || recent.stream != stream || !qualifies(recent.key) {
-            return listed;
+        if recent.id != NIL
+            && recent.stream == stream
+            && qualifies(recent.key)
+            && listed.is_none_or(|(key, _)| (pack(recent.key) < key) != later)
+        {
+            return Some(recent.id);
         }
-        match listed {
-            Some(id) if (BySize::key(&blocks[id]) < recent.key) != later => listed,
-            _ => Some(recent.id),
-        }
+        listed.map(|(_, id)| id)
     }
 
     /// The first block of the first non-empty class after `class`, with its packed key.
@@ -313,18 +314,7 @@ impl FreeIndex {
     /// PyTorch's `lower_bound((stream, size))` restricted to the stream.
     #[inline]
     pub(crate) fn lower_bound(&self, stream: StreamId, size: u64) -> Option<u32> {
-        // As `weigh_recent`, but with the key the list holds beside the id: on the cache-hit path
-        // the block itself is not read unless it is the answer.
-        let listed = self.listed_lower_bound(stream, size);
-        let recent = &self.recent;
-        if recent.id != NIL
-            && recent.stream == stream
-            && recent.key.0 >= size
-            && listed.is_none_or(|(key, _)| pack(recent.key) < key)
-        {
-            return Some(recent.id);
-        }
-        listed.map(|(_, id)| id)
+        self.weigh_recent(stream, self.listed_lower_bound(stream, size), |key| key.0 >= size, false)
     }
 
     /// The lists' answer to [`FreeIndex::lower_bound`], with its packed key.
@@ -351,29 +341,29 @@ impl FreeIndex {
         let listed = self.stream(stream).and_then(|classes| {
             let class = size_class(key.0);
             let list = &classes.lists[class];
-            list.first_from(&self.arena, key, true).or_else(|| self.first_after_class(classes, class)).map(|(_, id)| id)
+            list.first_from(&self.arena, key, true).or_else(|| self.first_after_class(classes, class))
         });
-        self.weigh_recent(blocks, stream, listed, |k| k > key, false)
+        self.weigh_recent(stream, listed, |k| k > key, false)
     }
 
     /// The previous block of the same stream.
     pub(crate) fn predecessor(&self, blocks: &Blocks, id: u32) -> Option<u32> {
-        self.last_below_key(blocks, blocks[id].stream, BySize::key(&blocks[id]))
+        self.last_below_key(blocks[id].stream, BySize::key(&blocks[id]))
     }
 
     /// The largest block of `stream` smaller than `size` bytes.
-    pub(crate) fn last_below(&self, blocks: &Blocks, stream: StreamId, size: u64) -> Option<u32> {
-        self.last_below_key(blocks, stream, (size, 0))
+    pub(crate) fn last_below(&self, stream: StreamId, size: u64) -> Option<u32> {
+        self.last_below_key(stream, (size, 0))
     }
 
-    fn last_below_key(&self, blocks: &Blocks, stream: StreamId, key: Key) -> Option<u32> {
+    fn last_below_key(&self, stream: StreamId, key: Key) -> Option<u32> {
         let listed = self.stream(stream).and_then(|classes| {
             let class = size_class(key.0);
             classes.lists[class]
                 .last_before(&self.arena, key)
                 .or_else(|| classes.last_before(class).and_then(|c| classes.lists[c].last(&self.arena)))
         });
-        self.weigh_recent(blocks, stream, listed, |k| k < key, true)
+        self.weigh_recent(stream, listed, |k| k < key, true)
     }
 
     /// All blocks in set order.
@@ -768,7 +758,7 @@ mod tests {
                         .next_back()
                         .filter(|((s, _, _), _)| *s == stream)
                         .map(|&(_, id)| id);
-                    assert_eq!(index.last_below(&blocks, StreamId(stream), probe), below);
+                    assert_eq!(index.last_below(StreamId(stream), probe), below);
                 }
                 for w in ordered.windows(2) {
                     let same_stream = blocks[w[0]].stream == blocks[w[1]].stream;

@@ -93,7 +93,7 @@ impl<B: Backend> CachingAllocator<B> {
                 // No single block is large enough: free oversize blocks from the largest down.
                 let mut cursor = match found {
                     Some(id) => tree.predecessor(&self.blocks, id),
-                    None => tree.last_below(&self.blocks, stream, key_size),
+                    None => tree.last_below(stream, key_size),
                 };
                 let mut released = 0u64;
                 while let Some(id) = cursor {

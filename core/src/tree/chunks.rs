@@ -105,18 +105,18 @@ impl<const N: usize> Run<N> {
         (at < self.len).then(|| (self.keys[at], self.ids[at]))
     }
 
-    /// The id of the last key `< key`.
-    fn last_before(&self, key: u128) -> Option<u32> {
+    /// The last key `< key` and its id.
+    fn last_before(&self, key: u128) -> Option<(u128, u32)> {
         let at = self.position(key);
-        (at > 0).then(|| self.ids[at - 1])
+        (at > 0).then(|| (self.keys[at - 1], self.ids[at - 1]))
     }
 
     fn first(&self) -> Option<(u128, u32)> {
         (self.len > 0).then(|| (self.keys[0], self.ids[0]))
     }
 
-    fn last(&self) -> Option<u32> {
-        (self.len > 0).then(|| self.ids[self.len - 1])
+    fn last(&self) -> Option<(u128, u32)> {
+        (self.len > 0).then(|| (self.keys[self.len - 1], self.ids[self.len - 1]))
     }
 
     fn extend_into(&self, out: &mut Vec<(Key, u32)>) {
@@ -348,8 +348,8 @@ impl List {
         arena.get(self.entries.get(i)?.chunk).first_from(key, strict)
     }
 
-    /// The id of the last key `< key`.
-    pub(crate) fn last_before(&self, arena: &Arena, key: Key) -> Option<u32> {
+    /// The last key `< key`, packed, and its id.
+    pub(crate) fn last_before(&self, arena: &Arena, key: Key) -> Option<(u128, u32)> {
         let key = pack(key);
         if self.entries.is_empty() {
             return self.small.last_before(key);
@@ -371,8 +371,8 @@ impl List {
         }
     }
 
-    /// The id of the last key.
-    pub(crate) fn last(&self, arena: &Arena) -> Option<u32> {
+    /// The last key, packed, and its id.
+    pub(crate) fn last(&self, arena: &Arena) -> Option<(u128, u32)> {
         match self.entries.last() {
             None => self.small.last(),
             Some(e) => arena.get(e.chunk).last(),
@@ -444,7 +444,7 @@ mod tests {
             for k in (1..=INLINE as u64 + round).rev() {
                 assert!(list.remove(&mut arena, (512, k * 512)));
                 list.check(&arena).unwrap();
-                assert_eq!(list.last(&arena), Some(k as u32 - 1));
+                assert_eq!(list.last(&arena).map(|(_, id)| id), Some(k as u32 - 1));
             }
             // Down to one key: inline again, its chunk back in the arena.
             assert!(list.entries.is_empty());
@@ -488,16 +488,15 @@ mod tests {
                 list.extend_into(&arena, &mut all);
                 assert_eq!(all, reference.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>());
                 let probe = ((x >> 30) % 17 * 512, (x >> 40) % 4096 * 512);
-                let id = |e: Option<(&Key, &u32)>| e.map(|(_, &v)| v);
                 let entry = |e: Option<(&Key, &u32)>| e.map(|(&k, &v)| (pack(k), v));
                 assert_eq!(list.first_from(&arena, probe, false), entry(reference.range(probe..).next()));
                 assert_eq!(
                     list.first_from(&arena, probe, true),
                     entry(reference.range((std::ops::Bound::Excluded(probe), std::ops::Bound::Unbounded)).next())
                 );
-                assert_eq!(list.last_before(&arena, probe), id(reference.range(..probe).next_back()));
+                assert_eq!(list.last_before(&arena, probe), entry(reference.range(..probe).next_back()));
                 assert_eq!(list.first(&arena), entry(reference.iter().next()));
-                assert_eq!(list.last(&arena), id(reference.iter().next_back()));
+                assert_eq!(list.last(&arena), entry(reference.iter().next_back()));
             }
         }
         // Emptied, every chunk is back in the arena's spares.
