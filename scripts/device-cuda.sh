@@ -39,6 +39,7 @@ strip -o "$bin/cuda-tests" "$tests_exe"
 strip -o "$bin/cachalot" "$bench_exe"
 cp -r "$shared/traces/pytorch-2.11-h200" "$bin/shared/traces/"
 cp "$shared"/bench/*.py "$shared"/bench/*.sh "$bin/shared/bench/"
+cp scripts/paired-bench.py "$bin/"
 chmod -R u+w "$bin"
 
 cat >"$bin/run.sh" <<'RUN'
@@ -49,11 +50,12 @@ cat >"$bin/run.sh" <<'RUN'
 # bench: the standard op files (shared/bench/workloads.sh), PyTorch's caching allocator
 #        (torch_alloc_bench.py), cachalot's CUDA backend and the simulator (`cachalot bench`)
 #        in the same run, and the ratio per file. Logs and results go to $OUT.
-# rounds N: N rounds in which every op file runs on PyTorch's harness and on `cachalot
-#        bench --backend cuda`, back to back (the order alternating by round), both pinned to
-#        one core; per file, the ratio of each round and their median, and the ratio of each
-#        side's best round (the host is shared and slows everything down ~1.8x for seconds at
-#        a time: a round that caught one side in such a spell is an outlier either way).
+# rounds N: N rounds in which every op file is timed on PyTorch's caching allocator (the
+#        reference harness's native code, loaded once) and on `cachalot bench --backend cuda`,
+#        back to back (the order alternating by round), pinned to one core; per file, the
+#        median of the pairs' ratios, the ratio of each side's best, and how many pairs are at
+#        <= 0.25 (paired-bench.py: the host slows everything down ~1.8x for seconds at a time,
+#        so only measurements a moment apart compare).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}
@@ -93,49 +95,16 @@ if [[ $mode == all || $mode == bench ]]; then
     rm -f "$out/ratios.body"
 fi
 if [[ $mode == rounds ]]; then
-    # One core, the same for both, away from core 0's interrupts.
+    # One core, the same for both, away from core 0's interrupts; PyTorch's harness is loaded
+    # once and each of its measurements paired with one of ours a fraction of a second apart
+    # (paired-bench.py says why).
     pin=()
     command -v taskset >/dev/null && [[ $(nproc) -gt 5 ]] && pin=(taskset -c 5)
-    # File by file, the two harnesses back to back, so both see the host in the same state;
-    # which goes first alternates from round to round, so neither always follows the other.
     : >"$out/rounds.log"
-    pytorch() {
-        "${pin[@]}" python3 "$here/shared/bench/torch_alloc_bench.py" "$1" --skip-cudamalloc 2>/dev/null \
-            | awk -v r="$2" '$2 == "pytorch-caching" { print r, $1, "pytorch", $3 }' >>"$out/rounds.log" || status=1
-    }
-    cachalot() {
-        "${pin[@]}" "$here/cachalot" bench --backend cuda "$1" 2>/dev/null \
-            | awk -v r="$2" '$2 == "cachalot-cuda" { print r, $1, "cachalot", $3 }' >>"$out/rounds.log" || status=1
-    }
-    for round in $(seq "$rounds"); do
-        for file in "$ops"/*.ops; do
-            if (( round % 2 )); then pytorch "$file" "$round"; cachalot "$file" "$round"
-            else cachalot "$file" "$round"; pytorch "$file" "$round"; fi
-        done
-        echo "round $round done" >&2
-    done
-    # Per file: each round's ratio, and the median of those ratios.
-    awk 'function median(list,   n, v, i, j, t) {
-             n = split(list, v, " ")
-             for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-             return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-         }
-         $3 == "pytorch" { t[$2, $1] = $4; files[$2] = 1 }
-         $3 == "cachalot" { c[$2, $1] = $4 }
-         END {
-             for (f in files) {
-                 ratios = ""; tl = ""; cl = ""; tmin = 0; cmin = 0
-                 for (r = 1; (f, r) in t; r++) if ((f, r) in c) {
-                     ratios = ratios " " sprintf("%.3f", c[f, r] / t[f, r]); tl = tl " " t[f, r]; cl = cl " " c[f, r]
-                     if (!tmin || t[f, r] < tmin) tmin = t[f, r]
-                     if (!cmin || c[f, r] < cmin) cmin = c[f, r]
-                 }
-                 printf "%-32s %9.1f %9.1f %8.3f %8.3f  %s\n", f, median(tl), median(cl), median(ratios), cmin / tmin, ratios
-             }
-         }' "$out/rounds.log" | sort >"$out/rounds.body"
-    { printf "%-32s %9s %9s %8s %8s  %s\n" "ops file" "pytorch" "cachalot" "ratio" "best" "(medians of rounds; median ratio; best/best; each round)"
-      cat "$out/rounds.body"; } | tee "$out/rounds.txt"
-    rm -f "$out/rounds.body"
+    "${pin[@]}" python3 "$here/paired-bench.py" --cachalot "$here/cachalot" \
+        --harness "$here/shared/bench/torch_alloc_bench.py" --rounds "$rounds" --log "$out/rounds.log" \
+        "$ops"/*.ops 2>"$out/rounds.err" | tee "$out/rounds.txt"
+    [[ ${PIPESTATUS[0]} == 0 ]] || { status=1; tail -5 "$out/rounds.err"; }
 fi
 exit $status
 RUN
