@@ -28,7 +28,7 @@ pub(crate) fn pack(key: Key) -> u128 {
 
 /// Up to `SLOTS / 2` sorted keys and their block ids.
 ///
-/// The upper half of the slots is slack, never holding a key: it lets a shift copy a fixed
+/// The upper half of the slots is slack, never holding a live key: it lets a shift copy a fixed
 /// number of slots (`SLOTS / 2 - 1`) from any position a key can take. A copy of fixed length
 /// is straight-line moves or one `memmove` that always takes the same path, so inserting and
 /// removing branch nowhere on the position; a per-slot loop compiled into a chain of compares
