@@ -122,7 +122,7 @@ It runs the GPU tests (CACHALOT_REQUIRE_CUDA=1: a missing GPU fails them), then 
 allocator and cachalot's CUDA backend on the standard op files in the same run, and writes
 gpu.txt, tests.log, workloads.log, torch.txt, torch.json, cachalot.txt and ratios.txt to \$OUT.
 'bash .device-bin/run.sh tests [filter]' or 'bash .device-bin/run.sh bench' run one half;
-'bash .device-bin/run.sh rounds 5' times the two file by file, back to back, 5 rounds (rounds.txt).
+'bash .device-bin/run.sh rounds 16' times the two in 16 rounds of pairs a moment apart (rounds.txt).
 
 The test half alone, spelled out:
 
