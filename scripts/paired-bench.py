@@ -18,6 +18,7 @@ Why pairs: the lent hosts have spells of several seconds in which every process 
 host in different states; here they are at most one `cachalot` start-up (~0.3 s) apart.
 """
 import argparse
+import contextlib
 import importlib.util
 import statistics
 import subprocess
@@ -69,21 +70,21 @@ def main():
     started = time.time()
     module, native = load_reference(args.harness)
     print(f"# reference harness built in {time.time() - started:.0f}s", file=sys.stderr)
-    log = open(args.log, "a") if args.log else None
     pairs = {path.name: [] for path in args.ops}
-    for round_ in range(1, args.rounds + 1):
-        for path in args.ops:
-            if round_ % 2:
-                pytorch = time_pytorch(module, native, path)
-                ours = time_cachalot(args.cachalot, path)
-            else:
-                ours = time_cachalot(args.cachalot, path)
-                pytorch = time_pytorch(module, native, path)
-            pairs[path.name].append((pytorch, ours))
-            if log:
-                print(round_, path.name, "pytorch", f"{pytorch:.1f}", file=log)
-                print(round_, path.name, "cachalot", f"{ours:.1f}", file=log, flush=True)
-        print(f"round {round_} done", file=sys.stderr)
+    with open(args.log, "a") if args.log else contextlib.nullcontext() as log:
+        for round_ in range(1, args.rounds + 1):
+            for path in args.ops:
+                if round_ % 2:
+                    pytorch = time_pytorch(module, native, path)
+                    ours = time_cachalot(args.cachalot, path)
+                else:
+                    ours = time_cachalot(args.cachalot, path)
+                    pytorch = time_pytorch(module, native, path)
+                pairs[path.name].append((pytorch, ours))
+                if log:
+                    print(round_, path.name, "pytorch", f"{pytorch:.1f}", file=log)
+                    print(round_, path.name, "cachalot", f"{ours:.1f}", file=log, flush=True)
+            print(f"round {round_} done", file=sys.stderr)
 
     print(
         f"{'ops file':<32} {'pytorch':>9} {'cachalot':>9} {'ratio':>7} {'best':>7} {'<=0.25':>7}"
