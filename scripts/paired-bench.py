@@ -8,7 +8,8 @@ ratios. Runs on the GPU machine (`bash .device-bin/run.sh rounds N`, see scripts
 PyTorch is timed by the reference harness's own native code: `torch_alloc_bench.py` is imported,
 its source built with the same `load_inline` call as its `main()`, and `replay(path, 0, 6)` called
 as `main()` calls it (one warm-up replay dropped, the median of the other five, `empty_cache()`
-after each file). cachalot is timed by `cachalot bench --backend cuda FILE`, a fresh process per
+after each file). Unlike `main()`, it does not replay the files on cudaMallocAsync in between:
+only the caching allocator's numbers are compared. cachalot is timed by `cachalot bench --backend cuda FILE`, a fresh process per
 measurement, with the same method. The two measurements of a pair are back to back, and which goes
 first alternates from round to round.
 
@@ -51,10 +52,12 @@ def time_pytorch(module, native, path):
 
 def time_cachalot(binary, path):
     run = subprocess.run([binary, "bench", "--backend", "cuda", str(path)], capture_output=True, text=True)
-    for line in run.stdout.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[1] == "cachalot-cuda":
-            return float(fields[2])
+    if run.returncode == 0:
+        for line in run.stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 3 and fields[1] == "cachalot-cuda":
+                return float(fields[2])
+    # What was measured so far is in the log.
     sys.exit(f"paired-bench: `cachalot bench` gave no time for {path} (exit {run.returncode}):\n{run.stderr}")
 
 
@@ -64,26 +67,29 @@ def main():
     parser.add_argument("--cachalot", required=True, help="the cachalot binary")
     parser.add_argument("--harness", required=True, help="shared/bench/torch_alloc_bench.py")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--log", type=Path, help="append one line per measurement: round file side ns")
+    parser.add_argument(
+        "--log", type=Path, help="append one line per measurement: round, file, side, ns per op, seconds since start"
+    )
     args = parser.parse_args()
 
-    started = time.time()
+    started = time.monotonic()
     module, native = load_reference(args.harness)
-    print(f"# reference harness built in {time.time() - started:.0f}s", file=sys.stderr)
+    print(f"# reference harness built in {time.monotonic() - started:.0f}s", file=sys.stderr)
     pairs = {path.name: [] for path in args.ops}
     with open(args.log, "a") if args.log else contextlib.nullcontext() as log:
         for round_ in range(1, args.rounds + 1):
             for path in args.ops:
+                # When each call returned: how far apart the two of a pair were, to within a start-up.
                 if round_ % 2:
-                    pytorch = time_pytorch(module, native, path)
-                    ours = time_cachalot(args.cachalot, path)
+                    pytorch, pytorch_at = time_pytorch(module, native, path), time.monotonic()
+                    ours, ours_at = time_cachalot(args.cachalot, path), time.monotonic()
                 else:
-                    ours = time_cachalot(args.cachalot, path)
-                    pytorch = time_pytorch(module, native, path)
+                    ours, ours_at = time_cachalot(args.cachalot, path), time.monotonic()
+                    pytorch, pytorch_at = time_pytorch(module, native, path), time.monotonic()
                 pairs[path.name].append((pytorch, ours))
                 if log:
-                    print(round_, path.name, "pytorch", f"{pytorch:.1f}", file=log)
-                    print(round_, path.name, "cachalot", f"{ours:.1f}", file=log, flush=True)
+                    print(round_, path.name, "pytorch", f"{pytorch:.1f}", f"{pytorch_at - started:.3f}", file=log)
+                    print(round_, path.name, "cachalot", f"{ours:.1f}", f"{ours_at - started:.3f}", file=log, flush=True)
             print(f"round {round_} done", file=sys.stderr)
 
     print(

@@ -12,8 +12,8 @@
 
 use super::Key;
 
-/// Keys per chunk. Eight, not more: a shift then moves at most seven keys, and the two binary
-/// searches stay short; with sixteen, best fit's take of a list's first key moved fifteen.
+/// Keys per chunk. Eight, not more: a shift then copies seven slots and the two binary searches
+/// stay short; with sixteen, best fit's take of a list's first key moved fifteen.
 pub(crate) const CAP: usize = 8;
 /// A chunk this small after a removal is merged into a neighbour when both fit in
 /// [`MERGE_LIMIT`] keys; the gap between the two keeps a split and a merge from alternating.
@@ -30,10 +30,11 @@ pub(crate) fn pack(key: Key) -> u128 {
 ///
 /// The upper half of the slots is slack, never holding a live key: it lets a shift copy a fixed
 /// number of slots (`SLOTS / 2 - 1`) from any position a key can take. A copy of fixed length
-/// is straight-line moves or one `memmove` that always takes the same path, so inserting and
-/// removing branch nowhere on the position; a per-slot loop compiled into a chain of compares
-/// on it, which mispredicted on most inserts and on best fit's takes (measured:
-/// `trace-oom_probe_fraction` 9% and the random files 3-4% slower than with the slack).
+/// is straight-line moves or one `memmove` that always takes the same path, whatever the
+/// position; a per-slot loop compiled into a chain of compares on it, which mispredicted on
+/// most inserts and on best fit's takes (BENCHMARKS.md, section 1: with 16 keys, the slack cut
+/// `trace-oom_probe_fraction` by 9% and `trace-random_stress_maxsplit` by 4% for 1% fewer
+/// instructions).
 #[derive(Clone, Debug)]
 struct Run<const SLOTS: usize> {
     keys: [u128; SLOTS],
