@@ -7,6 +7,10 @@ use std::task::{Poll, Waker};
 use crate::context::{WgpuContext, lock};
 use crate::error::KernelError;
 
+/// How long [`Readback::wait_bytes`] waits for a mapping's callback after the device is idle.
+#[cfg(not(target_arch = "wasm32"))]
+const MAPPING_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where a readback's mapping stands.
 #[derive(Debug, Default)]
 pub(crate) struct MapState {
@@ -97,20 +101,30 @@ impl Readback {
     /// Blocks until the bytes are on the host.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_bytes(self) -> Result<Vec<u8>, KernelError> {
-        for _ in 0..2 {
+        // wgpu runs a mapping's callback on whichever thread's poll first finds it ready. When
+        // another thread polls the same device, our wait can return after that thread took the
+        // callback and before it ran it: so poll until the result is in, yielding between tries.
+        // A mapping still missing after the deadline was never started (its batch is neither
+        // submitted nor dropped).
+        let deadline = std::time::Instant::now() + MAPPING_DEADLINE;
+        loop {
             let result = lock(&self.state).result.clone();
             if let Some(result) = result {
                 result.map_err(KernelError::Readback)?;
                 return self.take();
             }
+            if std::time::Instant::now() >= deadline {
+                return Err(KernelError::Readback(format!(
+                    "the mapping did not complete within {} s of its wait (was the batch submitted?)",
+                    MAPPING_DEADLINE.as_secs()
+                )));
+            }
             self.context
                 .device()
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| KernelError::Readback(format!("wgpu wait: {e}")))?;
+            std::thread::yield_now();
         }
-        Err(KernelError::Readback(
-            "the mapping did not complete after its submission did (was the batch submitted?)".into(),
-        ))
     }
 
     /// Blocks until the data is on the host, as f32 values.
