@@ -11,10 +11,8 @@
 use std::process::ExitCode;
 
 use cachalot_core::ops::OpFile;
+use cachalot_core::replay::DEFAULT_DEVICE_TOTAL;
 use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
-
-/// An H200's memory, as in `cargo bench -p cachalot-core`.
-const SIM_CAPACITY: u64 = 150_109_880_320;
 
 fn main() -> ExitCode {
     match run() {
@@ -34,17 +32,13 @@ fn run() -> Result<(), String> {
     let replays: usize = replays.parse().map_err(|_| format!("REPLAYS '{replays}' is not a count"))?;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let ops = OpFile::parse(&text).map_err(|e| format!("{path}: {e}"))?;
-    let mut allocator =
-        CachingAllocator::new(SimBackend::new(SIM_CAPACITY), AllocatorConfig::default()).map_err(|e| e.to_string())?;
+    let mut allocator = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), AllocatorConfig::default())
+        .map_err(|e| e.to_string())?;
     let mut handles = vec![None; ops.handles];
     for _ in 0..replays {
         ops.replay(&mut allocator, &mut handles, true).map_err(|e| format!("{path}: {e}"))?;
         // As the timed harness does: what a replay leaves live is freed before the next.
-        for handle in handles.iter_mut() {
-            if let Some(allocation) = handle.take() {
-                allocator.free(allocation).map_err(|e| format!("{path}: {e}"))?;
-            }
-        }
+        OpFile::free_live(&mut allocator, &mut handles).map_err(|e| format!("{path}: {e}"))?;
     }
     println!("{} ops x {replays} replays; {} bytes reserved at the end", ops.ops.len(), allocator.memory_reserved());
     Ok(())

@@ -133,6 +133,20 @@ impl OpFile {
         }
         Ok(())
     }
+
+    /// Frees the allocations a replay left live, emptying `handles`: between replays, so that
+    /// each starts from the same live set.
+    pub fn free_live<B: Backend>(
+        allocator: &mut CachingAllocator<B>,
+        handles: &mut [Option<Allocation>],
+    ) -> Result<(), AllocatorError> {
+        for handle in handles.iter_mut() {
+            if let Some(allocation) = handle.take() {
+                allocator.free(allocation)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

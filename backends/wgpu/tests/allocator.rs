@@ -5,6 +5,9 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cachalot_core::{AllocatorError, Backend, HandleError, StreamId};
 use cachalot_shaders::MatmulShape;
 use cachalot_wgpu::{KernelError, Kernels, MatmulOptions, QUEUE_STREAM, WgpuConfig, WgpuContext};
@@ -267,11 +270,11 @@ fn blocking_readbacks_complete_while_another_thread_polls() {
     let kernels = Kernels::new(context.clone());
     let mut allocator = common::allocator(&context);
     let x = allocator.malloc(256 * 4, StreamId::DEFAULT).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let poller = {
         let (context, stop) = (context.clone(), stop.clone());
         std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 context.poll().unwrap();
             }
         })
@@ -284,7 +287,7 @@ fn blocking_readbacks_complete_while_another_thread_polls() {
         batch.submit().unwrap();
         assert_eq!(readback.wait_f32().unwrap(), vec![value; 256], "round {round}");
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     poller.join().unwrap();
     allocator.free(x).unwrap();
 }

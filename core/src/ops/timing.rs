@@ -63,11 +63,7 @@ where
         ops.replay(allocator, &mut handles, true)?;
         let elapsed = start.elapsed();
         synchronize(allocator)?;
-        for handle in handles.iter_mut() {
-            if let Some(allocation) = handle.take() {
-                allocator.free(allocation)?;
-            }
-        }
+        OpFile::free_live(allocator, &mut handles)?;
         if replay >= warmups {
             ns_per_op.push(elapsed.as_nanos() as f64 / count);
         }
