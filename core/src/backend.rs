@@ -5,8 +5,9 @@ use std::fmt;
 
 /// A stream, identified the way PyTorch orders blocks: by the numeric value of its handle
 /// (`cudaStream_t` as an integer; the default stream is 0).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct StreamId(pub u64);
 
 impl StreamId {
@@ -21,7 +22,8 @@ impl fmt::Display for StreamId {
 }
 
 /// Facts about the device a backend drives.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceFacts {
     /// Backend family: `"cuda"`, `"wgpu"` or `"sim"`.
     pub backend: String,

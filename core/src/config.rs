@@ -16,8 +16,9 @@ use crate::size::{LARGE_BUFFER, MIB, MIN_LARGE_ALLOC, ROUNDUP_INTERVALS, Roundup
 const MAX_PINNED_REGISTER_THREADS: u64 = 128;
 
 /// Which allocator PyTorch's `backend` key selects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum AllocatorBackendKind {
     /// The caching allocator this crate implements.
     Native,
@@ -64,7 +65,8 @@ pub enum ConfigError {
 ///
 /// Built by [`AllocatorConfig::parse`] or [`AllocatorConfig::builder`]; the default is PyTorch's
 /// default (no `PYTORCH_CUDA_ALLOC_CONF`).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AllocatorConfig {
     /// The settings string this configuration was parsed from ("" when built in code).
     pub(crate) settings: String,

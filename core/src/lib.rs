@@ -5,10 +5,13 @@
 //! collection, out-of-memory retry chain, expandable segments, `memory_stats()` and
 //! `memory_summary()` — over any device that implements [`Backend`].
 //!
-//! This crate is pure Rust with no GPU dependency (it also builds for `wasm32`): all policy
-//! lives here, and the backends (`cachalot-cuda`, `cachalot-wgpu`, and [`SimBackend`] in this
-//! crate) only provide raw segments, page mapping, stream events and device facts. The same
-//! policy code therefore runs on CUDA, wgpu, the simulator and in the browser.
+//! This crate is pure Rust with no parser, GPU or GUI dependency and no `unsafe` (it also builds
+//! for `wasm32`): all policy lives here, and the backends (`cachalot-cuda`, `cachalot-wgpu`, and
+//! [`SimBackend`] in this crate) only provide raw segments, page mapping, stream events and
+//! device facts. The same policy code therefore runs on CUDA, wgpu, the simulator and in the
+//! browser. Files — cachalot's JSON snapshots, PyTorch's snapshot pickles, op files — and the
+//! replay of recorded traces are `cachalot-trace`'s; the `serde` feature derives
+//! `Serialize`/`Deserialize` for the data types those files carry.
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
@@ -23,17 +26,16 @@
 //! # Ok::<(), cachalot_core::AllocatorError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod allocator;
 pub mod backend;
 mod block;
 pub mod config;
 pub mod error;
-pub mod ops;
-pub mod replay;
 mod shared;
 pub mod sim;
 pub mod size;
-pub mod snapshot;
 pub mod stats;
 pub mod summary;
 pub mod trace;
@@ -45,6 +47,5 @@ pub use config::{AllocatorConfig, ConfigBuilder, ConfigError};
 pub use error::{AllocatorError, HandleError, OutOfMemoryError};
 pub use shared::SharedAllocator;
 pub use sim::SimBackend;
-pub use snapshot::Snapshot;
 pub use stats::MemoryStats;
 pub use trace::{Annotation, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry};

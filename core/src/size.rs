@@ -26,8 +26,9 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 pub const MAX_REQUEST: u64 = 1 << 60;
 
 /// Which of the two pools of a device a block lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum PoolKind {
     /// Blocks of at most 1 MiB, carved from 2 MiB segments.
     Small,

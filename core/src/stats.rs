@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use crate::size::PoolKind;
 
 /// One counter with PyTorch's four readings.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Stat {
     /// The value now.
     pub current: i64,
@@ -71,7 +72,8 @@ impl StatType {
 }
 
 /// A [`Stat`] per [`StatType`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StatArray(pub [Stat; 3]);
 
 impl StatArray {
@@ -113,7 +115,8 @@ fn pool_index(pool: PoolKind) -> usize {
 }
 
 /// Everything `torch.cuda.memory_stats()` reports for one device.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MemoryStats {
     /// Blocks handed to users and not yet free-requested.
     pub allocation: StatArray,

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use crate::backend::StreamId;
 
 /// What happened (PyTorch's `TraceEntry::Action`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum TraceAction {
     /// A block was handed out; `size` is the requested size.
     Alloc,
@@ -74,7 +75,8 @@ impl TraceAction {
 }
 
 /// One Python (or C++) stack frame.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Frame {
     /// Source file.
     pub filename: Arc<str>,
@@ -85,12 +87,14 @@ pub struct Frame {
 }
 
 /// An interned stack (a list of frames, innermost first), shared by every entry recorded with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct ContextId(pub u32);
 
 /// Interned annotation strings of an entry: PyTorch's `compile_context` and `user_metadata`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Annotation {
     /// `compile_context` ("N/A" when not recording compile contexts).
     pub compile_context: String,
@@ -99,12 +103,14 @@ pub struct Annotation {
 }
 
 /// Index of an interned [`Annotation`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct AnnotationId(pub u32);
 
 /// One recorded state change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TraceEntry {
     /// What happened.
     pub action: TraceAction,
@@ -117,15 +123,16 @@ pub struct TraceEntry {
     /// Wall-clock microseconds.
     pub time_us: i64,
     /// The stack the change was made from, if recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub context: Option<ContextId>,
     /// Compile context and user metadata, if not the defaults.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub annotation: Option<AnnotationId>,
 }
 
 /// A labelled point in a run, with the two numbers users read there.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Mark {
     /// The label.
     pub label: String,

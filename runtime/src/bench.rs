@@ -1,5 +1,5 @@
 //! `cachalot bench`: op files (`shared/bench/README.md`) timed on CUDA, wgpu or the simulator
-//! with the method of PyTorch's reference harness ([`cachalot_core::ops::timing`]), so that one
+//! with the method of PyTorch's reference harness ([`cachalot_trace::ops::timing`]), so that one
 //! command on one machine can put cachalot beside `torch_alloc_bench.py`, and one GPU beside
 //! another.
 //!
@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use cachalot_core::AllocatorConfig;
-use cachalot_core::ops::OpFile;
-use cachalot_core::ops::timing::{self, ReplayTiming, WARMUP_REPLAYS};
+use cachalot_trace::ops::OpFile;
+use cachalot_trace::ops::timing::{self, ReplayTiming, WARMUP_REPLAYS};
 use cachalot_wgpu::WgpuContext;
 
 use crate::device::BackendKind;
@@ -83,7 +83,15 @@ impl BenchTarget {
     /// Times `ops` on a fresh allocator with `config`: one warm-up replay, then `timed` ones.
     pub fn time(&self, ops: &OpFile, config: &AllocatorConfig, timed: usize) -> Result<ReplayTiming, RuntimeError> {
         Ok(match self {
-            BenchTarget::Cuda { ordinal } => cachalot_cuda::bench::time_on_cuda(ops, *ordinal, config.clone(), timed)?,
+            BenchTarget::Cuda { ordinal } => {
+                let mut allocator = cachalot_cuda::caching_allocator(*ordinal, config.clone())?;
+                let device = Arc::clone(allocator.backend().cuda());
+                let timing = timing::time_replays(&mut allocator, ops, WARMUP_REPLAYS, timed, |_| {
+                    device.synchronize().map_err(RuntimeError::from)
+                })?;
+                allocator.empty_cache()?;
+                timing
+            }
             BenchTarget::Wgpu { context } => {
                 let mut allocator = cachalot_wgpu::caching_allocator(context, config.clone())?;
                 let timing = timing::time_replays(&mut allocator, ops, WARMUP_REPLAYS, timed, |_| {

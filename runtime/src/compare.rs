@@ -18,8 +18,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use cachalot_core::snapshot::file::Timing;
-use cachalot_core::{AllocatorConfig, DeviceFacts, MemoryStats, Snapshot, TraceAction, TraceEntry};
+use cachalot_core::{AllocatorConfig, DeviceFacts, MemoryStats, TraceAction, TraceEntry};
+use cachalot_trace::Snapshot;
+use cachalot_trace::snapshot::file::Timing;
 
 use crate::device::sim::{H200_MEMORY, SimDevice, SimProfile};
 use crate::device::{StreamDiscipline, Workspaces};
@@ -238,14 +239,14 @@ fn pytorch_trace_beside(expected: &std::path::Path) -> Option<Vec<TraceEntry>> {
     let file = expected.file_name()?.to_str()?;
     let stem = file.strip_suffix(".expected.json")?;
     let bytes = std::fs::read(expected.with_file_name(format!("{stem}.pickle"))).ok()?;
-    let snapshot = cachalot_core::snapshot::pickle::read_snapshot(&bytes).ok()?;
+    let snapshot = cachalot_trace::snapshot::pickle::read_snapshot(&bytes).ok()?;
     snapshot.device_traces.into_iter().next()
 }
 
 /// A column of PyTorch's `expected.json`.
 fn from_expected(name: String, value: &serde_json::Value) -> Result<Column, String> {
     let text = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
-    let run = cachalot_core::replay::ExpectedRun::from_json(value.to_string().as_bytes())?;
+    let run = cachalot_trace::replay::ExpectedRun::from_json(value.to_string().as_bytes())?;
     let gpu = text("gpu");
     let workload = text("workload");
     let (workspaces, workspace_source) = match major_of(&gpu) {

@@ -7,7 +7,8 @@
 //! and its parameters, the discipline and workspaces, losses, checks and notes. With it,
 //! `compare` can rerun the same experiment on the simulator to test why two runs differ.
 
-use cachalot_core::{Mark, Snapshot};
+use cachalot_core::Mark;
+use cachalot_trace::Snapshot;
 
 use crate::device::{BackendKind, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;

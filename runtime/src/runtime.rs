@@ -24,9 +24,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cachalot_core::snapshot::file::Timing;
-use cachalot_core::{Allocation, ContextId, DeviceFacts, Frame, Mark, MemoryStats, Snapshot, TraceEntry};
+use cachalot_core::{Allocation, ContextId, DeviceFacts, Frame, Mark, MemoryStats, TraceEntry};
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_trace::Snapshot;
+use cachalot_trace::snapshot::file::Timing;
 
 use crate::device::{Activation, BackendKind, Device, QUEUE_STREAM, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use cachalot_core::AllocatorConfig;
-use cachalot_core::replay::{ExpectedRun, ReplayOptions, check, replay};
-use cachalot_core::snapshot::pickle::read_snapshot;
+use cachalot_trace::replay::{ExpectedRun, ReplayOptions, check, replay};
+use cachalot_trace::snapshot::pickle::read_snapshot;
 
 /// The vendored copy of `../shared/traces/pytorch-2.11-h200` (see `testdata/README.md`).
 fn vendored() -> PathBuf {
@@ -28,7 +28,7 @@ fn traces() -> Vec<PathBuf> {
     traces
 }
 
-fn load(path: &PathBuf) -> (cachalot_core::snapshot::torch::TorchSnapshot, ExpectedRun) {
+fn load(path: &PathBuf) -> (cachalot_trace::snapshot::torch::TorchSnapshot, ExpectedRun) {
     let snapshot = read_snapshot(&std::fs::read(path).unwrap()).unwrap();
     let expected_path = path.with_extension("expected.json");
     let expected = ExpectedRun::from_json(&std::fs::read(expected_path).unwrap()).unwrap();

@@ -20,9 +20,10 @@ use std::sync::mpsc;
 
 use cachalot_core::size::MIB;
 use cachalot_core::{
-    Allocation, AllocatorConfig, Backend, CachingAllocator, ContextId, DeviceFacts, Frame, Mark, SimBackend, Snapshot,
-    StreamId, TraceEntry,
+    Allocation, AllocatorConfig, Backend, CachingAllocator, ContextId, DeviceFacts, Frame, Mark, SimBackend, StreamId,
+    TraceEntry,
 };
+use cachalot_trace::Snapshot;
 
 /// What an experiment tells the viewer, in order.
 #[derive(Clone, Debug)]

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cachalot_core::ops::OpFile;
-use cachalot_core::replay::{DEFAULT_DEVICE_TOTAL, ReplayOptions, replay};
-use cachalot_core::snapshot::torch::{TorchSegment, TorchSnapshot};
-use cachalot_core::snapshot::{FileFormat, pickle};
-use cachalot_core::{AllocatorConfig, CachingAllocator, SegmentSnapshot, SimBackend, Snapshot, StreamId};
+use cachalot_core::{AllocatorConfig, CachingAllocator, SegmentSnapshot, SimBackend, StreamId};
+use cachalot_trace::Snapshot;
+use cachalot_trace::ops::OpFile;
+use cachalot_trace::replay::{DEFAULT_DEVICE_TOTAL, ReplayOptions, replay};
+use cachalot_trace::snapshot::torch::{TorchSegment, TorchSnapshot};
+use cachalot_trace::snapshot::{FileFormat, pickle};
 
 use crate::model::{Rules, Run, RunKind};
 
@@ -210,7 +211,7 @@ pub fn replay_run(run: &Run, progress: &Progress) -> Result<Run, String> {
     };
     torch.allocator_settings = AllocatorConfig::parse(&run.settings)
         .ok()
-        .map(|c| cachalot_core::snapshot::torch::TorchAllocatorSettings::from_config(&c));
+        .map(|c| cachalot_trace::snapshot::torch::TorchAllocatorSettings::from_config(&c));
     let mut options = ReplayOptions::for_snapshot(&torch, None).map_err(|e| e.to_string())?;
     if let Some(device) = &run.device {
         options.device_total = device.total_memory;
@@ -245,7 +246,7 @@ mod tests {
         let mut a = CachingAllocator::new(SimBackend::new(1 << 30), AllocatorConfig::default()).unwrap();
         let _x = a.malloc(5 << 20, StreamId::DEFAULT).unwrap();
         let _y = a.malloc(1000, StreamId(3)).unwrap();
-        let mut torch = cachalot_core::snapshot::torch::from_allocator(&a, None);
+        let mut torch = cachalot_trace::snapshot::torch::from_allocator(&a, None);
         torch.device_traces.clear();
         let bytes = pickle::write_snapshot(&torch).unwrap();
         let runs = load_bytes("state.pickle", &bytes, &Progress::default()).unwrap();

@@ -327,7 +327,8 @@ impl BenchReport {
 /// Generates a trace of about `entries` entries on the simulator (a training-like loop with
 /// stacks, two streams and periodic `empty_cache`), as a cachalot snapshot file.
 pub fn generate_trace(entries: usize) -> Result<Vec<u8>, String> {
-    use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, Snapshot, StreamId};
+    use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, StreamId};
+    use cachalot_trace::Snapshot;
     let mut a =
         CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default()).map_err(|e| e.to_string())?;
     a.record_history(true, usize::MAX, &[], false);

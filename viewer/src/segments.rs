@@ -260,7 +260,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
             });
     }
 
-    let total = run.device.as_ref().map_or(cachalot_core::replay::DEFAULT_DEVICE_TOTAL, |d| d.total_memory);
+    let total = run.device.as_ref().map_or(cachalot_trace::replay::DEFAULT_DEVICE_TOTAL, |d| d.total_memory);
     let reservation = total + total / 8 + (1 << 30);
     let rows = rows(state, map.group_by_stream, reservation);
     if rows.is_empty() {

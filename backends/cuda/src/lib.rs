@@ -12,8 +12,6 @@
 //!   `cachalot-shaders` plus this crate's), and matrix products / the linear layer through
 //!   cuBLAS and cuBLASLt, with PyTorch 2.11's persistent workspaces taken from the allocator
 //!   ([`WorkspaceSizes`]).
-//! - [`bench`](mod@bench): timing op-file replays the way `shared/bench/torch_alloc_bench.py` times
-//!   PyTorch's allocator.
 //!
 //! Built with cudarc's `dynamic-loading`, the crate compiles without a CUDA toolkit, and every
 //! library is looked for at run time: without `libcuda` (or a GPU) [`CudaBackend::new`] returns
@@ -36,7 +34,6 @@
 //! ```
 
 mod backend;
-pub mod bench;
 mod device;
 mod error;
 mod kernels;

@@ -1,5 +1,5 @@
 //! The CUDA backend's integration tests, in one binary so that the device machine gets one
-//! small executable (`scripts/device-cuda.sh` builds and carries it).
+//! small executable (`scripts/dev/device-cuda.sh` builds and carries it).
 //!
 //! Every GPU test skips (prints why and passes) only when no CUDA device is usable and
 //! `CACHALOT_REQUIRE_CUDA` is unset; with it set, a missing GPU fails them. Run them one at a

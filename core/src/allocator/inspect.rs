@@ -9,8 +9,9 @@ use crate::stats::MemoryStats;
 use crate::trace::ContextId;
 
 /// State of a block in a snapshot (PyTorch's `state` strings).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum BlockState {
     /// Handed out to a user.
     ActiveAllocated,
@@ -39,7 +40,8 @@ impl BlockState {
 }
 
 /// One block of a [`SegmentSnapshot`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BlockSnapshot {
     /// Address.
     pub address: u64,
@@ -50,13 +52,14 @@ pub struct BlockSnapshot {
     /// Allocated, pending free, or free.
     pub state: BlockState,
     /// Stack of the allocation that holds it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub context: Option<ContextId>,
 }
 
 /// One segment as `torch.cuda.memory_snapshot()` reports it (an expandable segment is reported
 /// once per contiguous mapped range).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SegmentSnapshot {
     /// Address of the first block.
     pub address: u64,
@@ -75,7 +78,7 @@ pub struct SegmentSnapshot {
     /// Whether it is (part of) an expandable segment.
     pub is_expandable: bool,
     /// Stack of the allocation that created the segment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub context: Option<ContextId>,
     /// Blocks in address order, tiling the segment.
     pub blocks: Vec<BlockSnapshot>,

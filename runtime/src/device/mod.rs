@@ -24,10 +24,11 @@ pub mod sim;
 pub mod wgpu;
 
 use cachalot_core::{
-    Allocation, AllocatorError, Backend, CachingAllocator, ContextId, DeviceFacts, Frame, Mark, MemoryStats, Snapshot,
-    StreamId, TraceEntry,
+    Allocation, AllocatorError, Backend, CachingAllocator, ContextId, DeviceFacts, Frame, Mark, MemoryStats, StreamId,
+    TraceEntry,
 };
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_trace::Snapshot;
 
 use crate::error::RuntimeError;
 

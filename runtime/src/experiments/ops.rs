@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use cachalot_core::ops::{Op, OpFile};
+use cachalot_trace::ops::{Op, OpFile};
 
 use super::Outcome;
 use crate::error::RuntimeError;

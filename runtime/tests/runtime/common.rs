@@ -45,7 +45,7 @@ pub fn pytorch_seeds_marks() -> Vec<(String, u64, u64)> {
 /// PyTorch's seeds trace (from `seeds.pickle`).
 pub fn pytorch_seeds_trace() -> Vec<TraceEntry> {
     let bytes = std::fs::read(shared_dir().join("traces/pytorch-2.11-h200/seeds.pickle")).unwrap();
-    let snapshot = cachalot_core::snapshot::pickle::read_snapshot(&bytes).unwrap();
+    let snapshot = cachalot_trace::snapshot::pickle::read_snapshot(&bytes).unwrap();
     snapshot.device_traces.into_iter().next().unwrap()
 }
 

@@ -24,7 +24,7 @@
 //! first entry is then found by walking the trace backwards from the snapshot's end state
 //! ([`PoolState::undo`]); the sizes of blocks that were allocated before the trace began are
 //! estimated by rounding their requested sizes. The run then says so ([`Run::initial_inferred`]).
-//! Replaying through `cachalot_core::replay` instead was not chosen: it needs a complete trace
+//! Replaying through `cachalot_trace::replay` instead was not chosen: it needs a complete trace
 //! too, and it shows cachalot's decisions rather than what the recording says happened.
 
 pub mod series;
@@ -254,7 +254,7 @@ impl Run {
 
     /// The bytes the allocator may hold: the device's memory times the memory fraction.
     pub fn allowed_bytes(&self) -> u64 {
-        let total = self.device.as_ref().map_or(cachalot_core::replay::DEFAULT_DEVICE_TOTAL, |d| d.total_memory);
+        let total = self.device.as_ref().map_or(cachalot_trace::replay::DEFAULT_DEVICE_TOTAL, |d| d.total_memory);
         (total as f64 * self.memory_fraction.unwrap_or(1.0)) as u64
     }
 
@@ -576,7 +576,8 @@ fn compare_end_state(state: &PoolState, recorded: &[SegmentSnapshot]) -> Verific
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, Snapshot, StreamId};
+    use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+    use cachalot_trace::Snapshot;
 
     fn recorded_run(ops: impl FnOnce(&mut CachingAllocator<SimBackend>)) -> (Run, Snapshot) {
         let mut a = CachingAllocator::new(SimBackend::new(1 << 34), AllocatorConfig::default()).unwrap();

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
 use cachalot_core::size::MIB;
-use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, Snapshot, StreamId};
+use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, StreamId};
+use cachalot_trace::Snapshot;
 use cachalot_viewer::load::{Progress, snapshot_run};
 use cachalot_viewer::model::{Run, RunKind};
 

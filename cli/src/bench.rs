@@ -1,0 +1,72 @@
+//! `cachalot bench OPS... [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]`:
+//! times op files (`shared/bench/README.md`) on cachalot's allocator and prints the median ns
+//! per op in the shape of `shared/bench/torch_alloc_bench.py` (`file allocator median ns/op`),
+//! so the two outputs of one run on one machine compare line by line.
+//!
+//! Exit status 2 for a bad file or option or a backend that cannot be used; 1 when a replay
+//! fails on the device (out of memory, a driver error).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use cachalot_core::AllocatorConfig;
+use cachalot_runtime::bench::BenchTarget;
+use cachalot_runtime::{BackendRequest, DeviceOptions};
+use cachalot_trace::ops::OpFile;
+use cachalot_trace::ops::timing::{TIMED_REPLAYS, format_line};
+
+use crate::failure::{Failure, Outcome};
+use crate::run::parse_bytes;
+
+/// Arguments of `cachalot bench`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Op files (`a ID SIZE [STREAM]`, `f ID`), e.g. those of shared/bench/workloads.sh.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// auto: CUDA, then wgpu's best adapter, then the simulator (the policy's cost alone).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cuda", "wgpu", "sim"])]
+    pub backend: String,
+    /// CUDA device ordinal, or the index of the adapter in wgpu's enumeration.
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Timed replays per file, after one warm-up (the median is printed).
+    #[arg(long, default_value_t = TIMED_REPLAYS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: PyTorch's defaults,
+    /// as the reference harness runs).
+    #[arg(long, default_value = "")]
+    pub config: String,
+    /// Device memory for wgpu (default 4 GiB) and the simulator (default an H200's), in bytes
+    /// or with a KiB/MiB/GiB suffix.
+    #[arg(long, value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+}
+
+/// Runs `cachalot bench`: the backend chosen (on stderr, with why), then one line per file.
+pub fn run(args: &BenchArgs) -> Outcome {
+    let config = AllocatorConfig::parse(&args.config).map_err(|e| anyhow!("--config '{}': {e}", args.config))?;
+    // Every file is read and parsed before anything is timed, so a bad file fails at once.
+    let mut files = Vec::with_capacity(args.files.len());
+    for path in &args.files {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let ops = OpFile::parse(&text).with_context(|| format!("{}", path.display()))?;
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        files.push((name, ops));
+    }
+    let backend = BackendRequest::parse(&args.backend).ok_or_else(|| anyhow!("unknown backend {}", args.backend))?;
+    let options = DeviceOptions { backend, device: args.device, capacity: args.capacity, ..DeviceOptions::default() };
+    let (target, selection) = BenchTarget::open(&options).map_err(|e| Failure::input(e.into()))?;
+    for line in &selection.lines {
+        eprintln!("# {line}");
+    }
+    let allocator = target.allocator_name();
+    for (name, ops) in &files {
+        let timing = target
+            .time(ops, &config, args.reps as usize)
+            .with_context(|| format!("{name} on {allocator}"))
+            .map_err(|error| Failure { status: 1, error })?;
+        println!("{}", format_line(name, &allocator, timing.median));
+    }
+    Ok(())
+}

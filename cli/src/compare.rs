@@ -1,0 +1,42 @@
+//! `cachalot compare A B...`: runs side by side — snapshots written by `cachalot run` and
+//! PyTorch's `expected.json` — with every difference and, where it is known, its reason (see
+//! `cachalot_runtime::compare`).
+
+use std::path::PathBuf;
+
+use anyhow::anyhow;
+use cachalot_runtime::compare::{CompareOptions, compare, load};
+
+use crate::failure::{Failure, Outcome};
+
+/// Arguments of `cachalot compare`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CompareArgs {
+    /// Snapshots of `cachalot run` (.json) and PyTorch expected.json files; the first is the
+    /// baseline.
+    #[arg(required = true, num_args = 2..)]
+    pub runs: Vec<PathBuf>,
+    /// Largest relative difference of losses per step accepted.
+    #[arg(long, default_value_t = 1e-3)]
+    pub loss_tolerance: f64,
+    /// Do not rerun experiments on the simulator to verify reasons.
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+/// Runs the command. Exit status 0 when every difference has a known reason, losses agree and
+/// every run finished; 1 otherwise; 2 on unreadable input.
+pub fn run(args: &CompareArgs) -> Outcome {
+    let mut columns = Vec::with_capacity(args.runs.len());
+    for path in &args.runs {
+        columns.push(load(path).map_err(|e| Failure::input(anyhow!(e)))?);
+    }
+    let options = CompareOptions { loss_tolerance: args.loss_tolerance, verify: !args.no_verify };
+    let report = compare(&columns, options);
+    print!("{}", report.text);
+    if report.ok() {
+        Ok(())
+    } else {
+        Err(Failure { status: 1, error: anyhow!("the runs differ in ways without a known reason") })
+    }
+}

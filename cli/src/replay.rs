@@ -1,0 +1,184 @@
+//! `cachalot replay TRACE... [--check]`: replays recorded PyTorch traces through the allocator
+//! on the simulator and, with `--check`, compares the result with what PyTorch recorded.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use cachalot_core::AllocatorConfig;
+use cachalot_trace::Snapshot;
+use cachalot_trace::replay::{ReplayOptions, check, replay};
+use cachalot_trace::snapshot::torch::TorchSnapshot;
+use cachalot_trace::snapshot::{FileFormat, pickle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::failure::{Failure, Outcome};
+use crate::input::parse;
+use crate::report::expected_beside;
+
+/// Arguments of `cachalot replay`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// PyTorch snapshot pickles with a recorded trace (`_dump_snapshot`).
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Compare with what PyTorch recorded: segment events, final segments and blocks, and with
+    /// NAME.expected.json beside the trace every memory_stats key, the summary and OOM messages.
+    #[arg(long)]
+    pub check: bool,
+    /// Allocator configuration (default: the trace's own `allocator_settings`).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Memory fraction (default: from NAME.expected.json).
+    #[arg(long)]
+    pub memory_fraction: Option<f64>,
+    /// Total device memory in bytes (default: from NAME.expected.json, else an H200's).
+    #[arg(long)]
+    pub device_total: Option<u64>,
+    /// Which device trace to replay.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Write the replay's result: a cachalot snapshot (.json) or a PyTorch pickle (.pickle).
+    /// With several traces, a directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs the command: one line per trace; exit status 1 if any trace mismatches, 2 on bad input.
+pub fn run(args: &ReplayArgs) -> Outcome {
+    if args.out.as_ref().is_some_and(|o| args.traces.len() > 1 && !o.is_dir()) {
+        return Err(Failure::input(anyhow!("--out must be an existing directory when replaying several traces")));
+    }
+    let mut mismatches = 0;
+    for path in &args.traces {
+        if !replay_file(args, path)? {
+            mismatches += 1;
+        }
+    }
+    if mismatches > 0 {
+        return Err(Failure {
+            status: 1,
+            error: anyhow!("{mismatches} of {} traces did not match", args.traces.len()),
+        });
+    }
+    Ok(())
+}
+
+/// Reads, replays and reports one trace; `Ok(false)` when `--check` found a difference.
+fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    if FileFormat::detect(&bytes) != FileFormat::TorchPickle {
+        parse(path, &bytes)?;
+        return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
+    }
+    // The replay runs on a second thread while this one frees what the pickle reader built
+    // (a large trace's value graph takes as long to free as the replay takes to run).
+    std::thread::scope(|scope| {
+        let replaying = pickle::read_snapshot_then(&bytes, |read| {
+            read.map(|snapshot| scope.spawn(move || replay_snapshot(args, path, &snapshot)))
+        })
+        .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+        replaying.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Replays `snapshot`, read from `path`, and prints its line.
+fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> Result<bool, Failure> {
+    let name = trace_name(path);
+    let expected = expected_beside(path)?;
+    let options = options(args, path, snapshot, expected.as_ref())?;
+    let started = Instant::now();
+    let bar = progress_bar(&name);
+    let outcome = replay(snapshot, &options, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(out) = &args.out {
+        write_result(out, &name, &outcome.allocator, path, snapshot)?;
+    }
+    if !args.check {
+        let a = &outcome.allocator;
+        println!(
+            "{name}: {} entries in {seconds:.2} s, {} segments, allocated {} B, reserved {} B, {} OOMs",
+            outcome.entries,
+            a.snapshot().len(),
+            a.memory_allocated(),
+            a.memory_reserved(),
+            a.stats().num_ooms
+        );
+        return Ok(true);
+    }
+    match check(snapshot, &outcome, expected.as_ref()) {
+        Ok(()) => {
+            println!("MATCH {name}");
+            Ok(true)
+        }
+        Err(difference) => {
+            println!("MISMATCH {name}: {difference}");
+            Ok(false)
+        }
+    }
+}
+
+fn trace_name(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_suffix(".pickle").unwrap_or(&name).to_owned()
+}
+
+fn options(
+    args: &ReplayArgs,
+    path: &Path,
+    snapshot: &TorchSnapshot,
+    expected: Option<&cachalot_trace::replay::ExpectedRun>,
+) -> Result<ReplayOptions> {
+    let mut options = ReplayOptions::for_snapshot(snapshot, expected)
+        .with_context(|| format!("{}: allocator settings", path.display()))?;
+    if let Some(settings) = &args.config {
+        options.config = AllocatorConfig::parse(settings).context("--config")?;
+    }
+    if let Some(fraction) = args.memory_fraction {
+        if !(0.0..=1.0).contains(&fraction) {
+            bail!("--memory-fraction {fraction}: must be within [0, 1]");
+        }
+        options.memory_fraction = Some(fraction);
+    }
+    if let Some(total) = args.device_total {
+        options.device_total = total;
+    }
+    options.device = args.device;
+    Ok(options)
+}
+
+/// A bar on a terminal, nothing when stderr is redirected.
+fn progress_bar(name: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if !std::io::stderr().is_terminal() {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} entries ({eta})") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(name.to_owned());
+    bar
+}
+
+fn write_result(
+    out: &Path,
+    name: &str,
+    allocator: &cachalot_core::CachingAllocator<cachalot_core::SimBackend>,
+    trace: &Path,
+    source: &TorchSnapshot,
+) -> Result<()> {
+    let target = if out.is_dir() { out.join(format!("{name}.replay.json")) } else { out.to_path_buf() };
+    let bytes = if target.extension().is_some_and(|e| e == "pickle") {
+        let torch = cachalot_trace::snapshot::torch::from_allocator(allocator, source.allocator_settings.clone());
+        pickle::write_snapshot(&torch).map_err(|e| anyhow!("{}: {e}", target.display()))?
+    } else {
+        Snapshot::capture(allocator, format!("replay of {}", trace.display())).to_json()
+    };
+    std::fs::write(&target, bytes).with_context(|| format!("{}: cannot write", target.display()))
+}

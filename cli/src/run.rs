@@ -1,0 +1,290 @@
+//! `cachalot run EXPERIMENT [--backend auto|cuda|wgpu|sim] [--device N] [--config STR] [--out FILE]`:
+//! runs an experiment of `cachalot-runtime` on a device, prints which device and why, the marks,
+//! losses, checks and the final `memory_summary()`, and writes a snapshot the viewer opens and
+//! `cachalot compare` reads.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use cachalot_core::error::format_size;
+use cachalot_runtime::compare::group;
+use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
+use cachalot_runtime::{Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute};
+
+use crate::failure::{Failure, Outcome};
+
+/// Arguments of `cachalot run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// The experiment.
+    #[command(subcommand)]
+    pub experiment: ExperimentCommand,
+    /// auto: CUDA, then wgpu's best adapter, then the simulator. sim runs the CPU reference
+    /// kernels on the simulator's allocator (the profile says which device it stands for).
+    #[arg(long, default_value = "auto", global = true, value_parser = ["auto", "cuda", "wgpu", "sim"])]
+    pub backend: String,
+    /// CUDA device ordinal, or the index of the adapter in wgpu's enumeration (default: device
+    /// 0 for CUDA, the best adapter for wgpu).
+    #[arg(long, global = true)]
+    pub device: Option<usize>,
+    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (e.g. expandable_segments:True).
+    #[arg(long, default_value = "", global = true)]
+    pub config: String,
+    /// Where to write the snapshot (default: EXPERIMENT.BACKEND.json in the current directory).
+    #[arg(long, global = true)]
+    pub out: Option<PathBuf>,
+    /// Simulator profile: cuda-sm90 (PyTorch 2.11 on an H100/H200: 32 MiB + 1 MiB workspaces,
+    /// the default), cuda-sm80 (8.125 MiB + 1 MiB) or wgpu (queue-stream discipline, no
+    /// workspaces: the wgpu device's allocator events).
+    #[arg(long, global = true)]
+    pub profile: Option<String>,
+    /// Device memory for wgpu (which cannot query it; default 4 GiB) and the simulator, in
+    /// bytes or with a KiB/MiB/GiB suffix.
+    #[arg(long, global = true, value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+    /// On the simulator, skip the kernels: allocations only (any size, instantly).
+    #[arg(long, global = true)]
+    pub no_compute: bool,
+    /// Print the abbreviated memory_summary().
+    #[arg(long, global = true)]
+    pub abbreviated: bool,
+}
+
+/// The experiments.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum ExperimentCommand {
+    /// The classic PyTorch memory demonstrations with the sizes of seeds.expected.json: a 4-byte
+    /// tensor, empty_cache, a 10240x1050 tensor, Linear(1024, 10) on a 10240x1024 input,
+    /// y = 5x and its backward.
+    Seeds,
+    /// Train a stack of linear layers (forward, backward, optimiser step) over changing batch sizes.
+    MlpTrain(MlpArgs),
+    /// Matrix products over a range of shapes, every result read back and checked.
+    MatmulSweep(SweepArgs),
+    /// An op file of shared/bench/ (`a ID SIZE [STREAM]`, `f ID`) as allocations, no kernels.
+    Ops {
+        /// The op file.
+        file: PathBuf,
+        /// A mark every this many ops (0: at the end only).
+        #[arg(long, default_value_t = 0)]
+        mark_every: usize,
+    },
+}
+
+/// Arguments of `mlp-train`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct MlpArgs {
+    /// Training steps.
+    #[arg(long, default_value_t = 12)]
+    pub steps: u32,
+    /// Layer widths: inputs, hidden layers, outputs (classes).
+    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 512, 10])]
+    pub widths: Vec<usize>,
+    /// Number of hidden layers (repeats the first hidden width).
+    #[arg(long)]
+    pub depth: Option<usize>,
+    /// Batch sizes, used in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 128, 32])]
+    pub batches: Vec<usize>,
+    /// Optimiser.
+    #[arg(long, default_value = "adam", value_parser = ["sgd", "adam"])]
+    pub optimizer: String,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// SGD momentum (0: none).
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f32,
+    /// Activation between layers.
+    #[arg(long, default_value = "relu", value_parser = ["relu", "gelu"])]
+    pub activation: String,
+    /// Loss.
+    #[arg(long, default_value = "cross-entropy", value_parser = ["cross-entropy", "mse"])]
+    pub loss: String,
+    /// Seed of parameters and data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Arguments of `matmul-sweep`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SweepArgs {
+    /// Shapes as MxNxK (default: 64³ to 1024³ and odd shapes).
+    #[arg(long, value_delimiter = ',')]
+    pub shapes: Vec<String>,
+    /// Square sizes N (N x N x N), added to --shapes.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<u32>,
+    /// Layouts: nn, nt (B transposed), tn (A transposed).
+    #[arg(long, value_delimiter = ',', default_values_t = ["nn".to_owned(), "nt".to_owned(), "tn".to_owned()])]
+    pub layouts: Vec<String>,
+    /// Largest norm-wise relative error accepted.
+    #[arg(long, default_value_t = 1e-4)]
+    pub tolerance: f64,
+    /// Seed of the operands.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Parses `4096`, `64MiB`, `4GiB`, `1.5GB`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a size"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        "t" | "tib" => 1 << 40,
+        other => return Err(format!("unknown unit '{other}' in '{text}'")),
+    };
+    Ok((value * scale as f64) as u64)
+}
+
+fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
+    Ok(match command {
+        ExperimentCommand::Seeds => Experiment::Seeds,
+        ExperimentCommand::MlpTrain(a) => {
+            let mut params = MlpParams {
+                widths: a.widths.clone(),
+                steps: a.steps,
+                batches: a.batches.clone(),
+                optimizer: if a.optimizer == "sgd" { Optimizer::Sgd } else { Optimizer::Adam },
+                lr: a.lr,
+                momentum: a.momentum,
+                activation: if a.activation == "gelu" { Activation::Gelu } else { Activation::Relu },
+                loss: if a.loss == "mse" { Loss::Mse } else { Loss::CrossEntropy },
+                seed: a.seed,
+            };
+            if let Some(depth) = a.depth {
+                params = params.with_depth(depth);
+            }
+            params.validate()?;
+            Experiment::MlpTrain(params)
+        }
+        ExperimentCommand::MatmulSweep(a) => {
+            let mut shapes = Vec::new();
+            for s in &a.shapes {
+                let dims: Vec<u32> = s
+                    .split('x')
+                    .map(|d| d.trim().parse::<u32>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| anyhow!("shape '{s}': expected MxNxK"))?;
+                match dims[..] {
+                    [m, n, k] => shapes.push((m, n, k)),
+                    _ => anyhow::bail!("shape '{s}': expected MxNxK"),
+                }
+            }
+            shapes.extend(a.sizes.iter().map(|&n| (n, n, n)));
+            let defaults = SweepParams::default();
+            Experiment::MatmulSweep(SweepParams {
+                shapes: if shapes.is_empty() { defaults.shapes } else { shapes },
+                layouts: a.layouts.clone(),
+                tolerance: a.tolerance,
+                seed: a.seed,
+            })
+        }
+        ExperimentCommand::Ops { file, mark_every } => {
+            Experiment::Ops(OpsParams { path: file.display().to_string(), mark_every: *mark_every })
+        }
+    })
+}
+
+/// Runs the command. Exit status 1 when the experiment stops or a check fails (the snapshot is
+/// written either way), 2 when the device cannot be opened or the input is bad.
+pub fn run(args: &RunArgs) -> Outcome {
+    let experiment = experiment(&args.experiment).map_err(Failure::input)?;
+    let backend = BackendRequest::parse(&args.backend).ok_or_else(|| Failure::input(anyhow!("unknown backend")))?;
+    let options = DeviceOptions {
+        backend,
+        device: args.device,
+        config: args.config.clone(),
+        profile: args.profile.clone(),
+        capacity: args.capacity,
+        compute: !args.no_compute,
+    };
+    let result = execute(&experiment, &options).map_err(|e| Failure::input(anyhow!(e)))?;
+    let record = &result.record;
+
+    println!("{} on {}", experiment.name(), record.backend.name());
+    for line in &record.selection {
+        println!("  {line}");
+    }
+    println!("  streams: {}", record.discipline.describe());
+
+    if !result.marks.is_empty() {
+        println!("\nmarks (as torch.cuda.memory_allocated() / memory_reserved() would read)");
+        let width = result.marks.iter().map(|m| m.label.len()).max().unwrap_or(4);
+        for m in &result.marks {
+            println!(
+                "  {:<width$}  allocated {:>15} ({:>10})   reserved {:>15} ({:>10})",
+                m.label,
+                group(m.allocated),
+                format_size(m.allocated),
+                group(m.reserved),
+                format_size(m.reserved)
+            );
+        }
+    }
+    let outcome = &record.outcome;
+    if record.computes && !outcome.losses.is_empty() {
+        println!("\nloss per step");
+        for (step, (loss, timing)) in outcome.losses.iter().zip(&result.snapshot.timings).enumerate() {
+            println!("  step {step:<4} {loss:.6}   ({:.4} s)", timing.seconds);
+        }
+    }
+    for line in &outcome.lines {
+        println!("{line}");
+    }
+    if !outcome.checks.is_empty() {
+        let passed = outcome.checks.iter().filter(|c| c.passed).count();
+        println!("\nchecks: {passed} of {} passed", outcome.checks.len());
+        for c in outcome.checks.iter().filter(|c| !c.passed || outcome.checks.len() <= 8) {
+            println!("  {} {}: {}", if c.passed { "ok  " } else { "FAIL" }, c.name, c.detail);
+        }
+    }
+    for note in &record.notes {
+        println!("note: {note}");
+    }
+
+    println!("\n{}", result.summary.trim_end());
+
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("{}.{}.json", experiment.name(), record.backend.name())));
+    std::fs::write(&out, result.snapshot.to_json())
+        .with_context(|| format!("writing {}", out.display()))
+        .map_err(Failure::input)?;
+    println!(
+        "\nsnapshot: {} (open it with `cachalot view`, put runs side by side with `cachalot compare`)",
+        out.display()
+    );
+
+    if let Some(error) = &record.error {
+        return Err(Failure { status: 1, error: anyhow!("the experiment stopped: {error}") });
+    }
+    if !result.succeeded() {
+        return Err(Failure { status: 1, error: anyhow!("a check failed") });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("4 GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert!(parse_bytes("lots").is_err());
+    }
+}

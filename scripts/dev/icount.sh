@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Instructions per op of the allocator on op files, counted by callgrind (valgrind): exact and
+# repeatable, where timings on a shared 2-core machine move by 5-10% between runs. Each file is
+# replayed once and three times; the difference over two replays' ops is one warm op's cost.
+#
+#   scripts/dev/icount.sh [BINARY] FILE...   (FILE: a name in target/bench-ops, e.g. steady-1MiB)
+#
+# BINARY defaults to a fresh release build of trace/examples/replay.rs; pass a saved copy to
+# compare two versions of the core.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+command -v valgrind >/dev/null || { echo "icount.sh: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+if [[ $# -gt 0 && -x "$1" && ! -d "$1" && "$1" == */* ]]; then
+  binary=$1; shift
+else
+  cargo build --release --quiet -p cachalot-trace --example replay
+  binary=target/release/examples/replay
+fi
+ops_dir=${CACHALOT_OPS_DIR:-target/bench-ops}
+[[ -d $ops_dir ]] || { echo "icount.sh: no $ops_dir; run 'cargo bench -p cachalot-trace' once to generate the op files" >&2; exit 1; }
+count() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$binary" "$1" "$2" 2>&1 | awk '/Collected/ {print $4}'; }
+for name in "$@"; do
+  file=$ops_dir/${name%.ops}.ops
+  [[ -f $file ]] || { echo "icount.sh: no op file $file" >&2; exit 1; }
+  ops=$(grep -c '^[af]' "$file")
+  one=$(count "$file" 1)
+  three=$(count "$file" 3)
+  awk -v n="$name" -v a="$one" -v b="$three" -v ops="$ops" 'BEGIN { printf "%-30s %8.1f instructions/op\n", n, (b - a) / 2 / ops }'
+done

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The web viewer in headless Chromium: builds it (scripts/build-web.sh), serves it with
+# `cachalot serve`, opens it on a reference trace and a broken file with Debian's chromium
+# driven by playwright-core, and checks: no console errors, the trace loads and its timeline is
+# drawn, the broken file shows an error, a screenshot (target/web-test.png) shows the page.
+#
+# Installs what it needs if missing: Debian's chromium (apt) and playwright-core (npm, into
+# scripts/dev/web-test/node_modules). Skips with a message where neither apt nor chromium exists.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+out=${WEB_OUT:-$target_dir/web}
+port=${PORT:-8765}
+shot=${SCREENSHOT:-$target_dir/web-test.png}
+
+if ! [ -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test-web: installing Debian's chromium" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test-web: skipped (no /usr/bin/chromium and no way to install it)" >&2
+    # Where a run must prove the web build (CI), a skip is a failure.
+    [ "${CACHALOT_REQUIRE_GPU:-0}" = 0 ] && exit 0
+    exit 1
+  fi
+fi
+if ! [ -d scripts/dev/web-test/node_modules/playwright-core ]; then
+  (cd scripts/dev/web-test && npm ci --no-audit --no-fund --silent)
+fi
+
+WEB_OUT="$out" scripts/build-web.sh
+mkdir -p "$out/traces"
+cp "$root/testdata/traces/pytorch-2.11-h200/seeds.pickle" "$out/traces/seeds.pickle"
+printf '\x80\x04\x95not really a pickle' > "$out/traces/broken.pickle"
+
+cargo build -q -p cachalot-cli --bin cachalot
+"$target_dir/debug/cachalot" serve --port "$port" --dir "$out" &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 50); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+node scripts/dev/web-test/test.mjs "http://127.0.0.1:$port/" "$shot"
+echo "test-web: screenshot in $shot"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Measures the viewer's window while the timeline cursor is dragged: frames per second as the
+# app reports them (CACHALOT_FRAME_STATS=1), on a virtual display (Xvfb) with the mouse driven
+# by xdotool. Without a GPU the window is drawn by Mesa's software OpenGL (llvmpipe), as on the
+# development machine, or by lavapipe with `--renderer wgpu`.
+#
+#   scripts/dev/window-fps.sh [FILE] [VIEW OPTIONS]   # FILE: anything `cachalot view` opens; none: the empty window
+#
+# Environment: CACHALOT (the binary; default target/release/cachalot), WAIT (seconds to let the
+# file load before dragging; default 6). Needs Xvfb and xdotool.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cachalot=${CACHALOT:-$root/target/release/cachalot}
+for tool in Xvfb xdotool; do
+    command -v "$tool" >/dev/null || { echo "window-fps.sh: $tool is needed" >&2; exit 1; }
+done
+[[ -x $cachalot ]] || { echo "window-fps.sh: no $cachalot (cargo build --release -p cachalot-cli)" >&2; exit 1; }
+
+# Xvfb picks a free display and writes its number to fd 3 once it accepts clients.
+displays=$(mktemp)
+log=$(mktemp)
+Xvfb -displayfd 3 -screen 0 1600x1000x24 3>"$displays" >/dev/null 2>&1 &
+xvfb=$!
+trap 'kill "$xvfb" 2>/dev/null; wait "$xvfb" 2>/dev/null; rm -f "$log" "$displays"' EXIT
+for _ in $(seq 100); do [[ -s $displays ]] && break; sleep 0.1; done
+[[ -s $displays ]] || { echo "window-fps.sh: Xvfb did not start" >&2; exit 1; }
+export DISPLAY=:$(head -n 1 "$displays") XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+
+CACHALOT_FRAME_STATS=1 "$cachalot" view "$@" >"$log" 2>&1 &
+app=$!
+for _ in $(seq 200); do xdotool search --name cachalot >/dev/null 2>&1 && break; sleep 0.1; done
+sleep "${WAIT:-6}"
+# Drag across the timeline's plot (the window is 1400x900; the plot sits at y = 100..240).
+xdotool mousemove 300 170 mousedown 1
+for x in $(seq 300 4 1300); do
+    xdotool mousemove "$x" 170
+    sleep 0.01
+done
+xdotool mouseup 1
+sleep 2.5
+kill "$app" 2>/dev/null || { echo "window-fps.sh: the viewer exited early:" >&2; cat "$log" >&2; exit 1; }
+wait "$app" 2>/dev/null || true
+# What the app said (e.g. which renderer draws the window), then its frame counts: it prints
+# one every two seconds, and the last two cover the drag.
+grep -v "frames/s" "$log" || true
+grep "frames/s" "$log" | tail -n 2

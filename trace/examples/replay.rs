@@ -1,0 +1,45 @@
+//! Replays an op file a given number of times on the simulator, in a plain process with nothing
+//! else in it: for profilers that count a whole run, such as callgrind.
+//!
+//! `cargo run --release -p cachalot-trace --example replay -- FILE.ops N`
+//!
+//! The difference between the counts of N and M replays, divided by (N - M) times the file's ops,
+//! is the cost of one op with the cache warm, free of parsing and start-up:
+//! `scripts/dev/icount.sh` does that with callgrind's instruction counts, which unlike timings on a
+//! shared machine repeat exactly.
+
+use std::process::ExitCode;
+
+use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
+use cachalot_trace::ops::OpFile;
+use cachalot_trace::replay::DEFAULT_DEVICE_TOTAL;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("replay: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [path, replays] = args.as_slice() else {
+        return Err("usage: replay FILE.ops REPLAYS".into());
+    };
+    let replays: usize = replays.parse().map_err(|_| format!("REPLAYS '{replays}' is not a count"))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let ops = OpFile::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+    let mut allocator = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), AllocatorConfig::default())
+        .map_err(|e| e.to_string())?;
+    let mut handles = vec![None; ops.handles];
+    for _ in 0..replays {
+        ops.replay(&mut allocator, &mut handles, true).map_err(|e| format!("{path}: {e}"))?;
+        // As the timed harness does: what a replay leaves live is freed before the next.
+        OpFile::free_live(&mut allocator, &mut handles).map_err(|e| format!("{path}: {e}"))?;
+    }
+    println!("{} ops x {replays} replays; {} bytes reserved at the end", ops.ops.len(), allocator.memory_reserved());
+    Ok(())
+}

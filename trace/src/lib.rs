@@ -1,0 +1,33 @@
+//! # cachalot-trace
+//!
+//! Everything file-shaped around cachalot's allocator: what it writes, what it reads, and the
+//! replay of what another allocator recorded. The allocator itself (`cachalot-core`) depends on
+//! no parser; a program that embeds it compiles none of this.
+//!
+//! - [`snapshot`]: cachalot's JSON snapshot ([`Snapshot`]), PyTorch's snapshot typed
+//!   ([`snapshot::torch`]) and its pickles ([`snapshot::pickle`]: a guarded reader that never
+//!   builds objects, and a writer PyTorch's `_memory_viz` opens), and [`snapshot::FileFormat`],
+//!   which tells them apart;
+//! - [`ops`]: op files (`a ID SIZE [STREAM]`, `f ID`), the common input of the allocator
+//!   benchmarks, and the timing method of PyTorch's reference harness;
+//! - [`replay`]: a recorded PyTorch trace replayed through the allocator on the simulator, and
+//!   its check against the recording (`cachalot replay --check`).
+//!
+//! ```
+//! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+//! use cachalot_trace::Snapshot;
+//!
+//! let mut allocator = CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default())?;
+//! allocator.record_history(true, usize::MAX, &[], false);
+//! let x = allocator.malloc(3 << 20, StreamId::DEFAULT)?;
+//! allocator.free(x)?;
+//! let snapshot = Snapshot::capture(&allocator, "example");
+//! assert_eq!(Snapshot::from_json(&snapshot.to_json())?, snapshot);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod ops;
+pub mod replay;
+pub mod snapshot;
+
+pub use snapshot::Snapshot;

@@ -1,0 +1,179 @@
+//! Op files: the common input of every allocator benchmark (`shared/bench/make_ops.py`).
+//!
+//! One op per line: `a ID SIZE [STREAM]` allocates SIZE bytes as handle ID, `f ID` frees it;
+//! `#` starts a comment. IDs are dense and not reused while live. [`timing`] times replays of
+//! them the way PyTorch's reference harness does.
+
+pub mod timing;
+
+use cachalot_core::backend::{Backend, StreamId};
+use cachalot_core::error::AllocatorError;
+use cachalot_core::{Allocation, CachingAllocator};
+
+/// One operation of an op file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `size` bytes on `stream` as handle `id`.
+    Alloc {
+        /// Handle.
+        id: u32,
+        /// Bytes.
+        size: u64,
+        /// Stream.
+        stream: StreamId,
+    },
+    /// Free handle `id`.
+    Free {
+        /// Handle.
+        id: u32,
+    },
+}
+
+/// A parsed op file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpFile {
+    /// The operations in order.
+    pub ops: Vec<Op>,
+    /// One more than the largest handle id.
+    pub handles: usize,
+}
+
+/// A line of an op file that cannot be read.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct OpFileError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl OpFile {
+    /// Parses op-file text.
+    pub fn parse(text: &str) -> Result<Self, OpFileError> {
+        let mut file = OpFile::default();
+        let mut live: Vec<bool> = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let error = |message: String| OpFileError { line: n + 1, message };
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut fields = line.split_ascii_whitespace();
+            let kind = fields.next().unwrap_or_default();
+            let mut number = |what: &str| -> Result<Option<u64>, OpFileError> {
+                fields
+                    .next()
+                    .map(|f| f.parse::<u64>().map_err(|_| error(format!("{what} '{f}' is not a non-negative integer"))))
+                    .transpose()
+            };
+            let op = match kind {
+                "a" => {
+                    let id = number("id")?.ok_or_else(|| error("'a' needs an id and a size".into()))?;
+                    let size = number("size")?.ok_or_else(|| error("'a' needs a size".into()))?;
+                    let stream = StreamId(number("stream")?.unwrap_or(0));
+                    let id = u32::try_from(id).map_err(|_| error(format!("id {id} is too large")))?;
+                    Op::Alloc { id, size, stream }
+                }
+                "f" => {
+                    let id = number("id")?.ok_or_else(|| error("'f' needs an id".into()))?;
+                    let id = u32::try_from(id).map_err(|_| error(format!("id {id} is too large")))?;
+                    Op::Free { id }
+                }
+                other => return Err(error(format!("unknown op '{other}' (expected 'a' or 'f')"))),
+            };
+            if fields.next().is_some() {
+                return Err(error("too many fields".into()));
+            }
+            match op {
+                Op::Alloc { id, .. } => {
+                    let slot = id as usize;
+                    if slot >= live.len() {
+                        live.resize(slot + 1, false);
+                    }
+                    if live[slot] {
+                        return Err(error(format!("id {id} is allocated again while live")));
+                    }
+                    live[slot] = true;
+                }
+                Op::Free { id } => {
+                    if !live.get(id as usize).copied().unwrap_or(false) {
+                        return Err(error(format!("free of id {id}, which is not live")));
+                    }
+                    live[id as usize] = false;
+                }
+            }
+            file.ops.push(op);
+        }
+        file.handles = live.len();
+        Ok(file)
+    }
+
+    /// Replays the ops once on `allocator`, using `handles` (at least [`OpFile::handles`] long)
+    /// for the live allocations. With `single_stream`, every op runs on the default stream, as
+    /// PyTorch's reference harness (`torch_alloc_bench.py`) does.
+    pub fn replay<B: Backend>(
+        &self,
+        allocator: &mut CachingAllocator<B>,
+        handles: &mut [Option<Allocation>],
+        single_stream: bool,
+    ) -> Result<(), AllocatorError> {
+        for op in &self.ops {
+            match *op {
+                Op::Alloc { id, size, stream } => {
+                    let stream = if single_stream { StreamId::DEFAULT } else { stream };
+                    handles[id as usize] = Some(allocator.malloc(size, stream)?);
+                }
+                Op::Free { id } => {
+                    if let Some(allocation) = handles[id as usize].take() {
+                        allocator.free(allocation)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the allocations a replay left live, emptying `handles`: between replays, so that
+    /// each starts from the same live set.
+    pub fn free_live<B: Backend>(
+        allocator: &mut CachingAllocator<B>,
+        handles: &mut [Option<Allocation>],
+    ) -> Result<(), AllocatorError> {
+        for handle in handles.iter_mut() {
+            if let Some(allocation) = handle.take() {
+                allocator.free(allocation)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_format() {
+        let f = OpFile::parse("# comment\na 0 1048576\na 1 512 7\nf 0\n\nf 1\n").unwrap();
+        assert_eq!(f.ops.len(), 4);
+        assert_eq!(f.ops[1], Op::Alloc { id: 1, size: 512, stream: StreamId(7) });
+        assert_eq!(f.handles, 2);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        for (text, line, fragment) in [
+            ("a 0\n", 1, "needs a size"),
+            ("a 0 5\nf 1\n", 2, "not live"),
+            ("a 0 5\na 0 6\n", 2, "again while live"),
+            ("x 1\n", 1, "unknown op 'x'"),
+            ("a 0 -5\n", 1, "'-5'"),
+            ("a 0 5\nf 0 0\n", 2, "too many fields"),
+        ] {
+            let err = OpFile::parse(text).unwrap_err();
+            assert_eq!(err.line, line, "{text:?}");
+            assert!(err.to_string().contains(fragment), "{text:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! cachalot's own snapshot file: JSON, lossless for everything the viewer and `compare` need.
+//!
+//! Schema (version 1), one JSON object:
+//!
+//! | field | type | meaning |
+//! | --- | --- | --- |
+//! | `format` | `"cachalot-snapshot"` | identifies the file |
+//! | `version` | `1` | schema version |
+//! | `source` | string | what produced it (`"replay of gpt_train.pickle"`, `"run seeds on cuda"`) |
+//! | `device` | [`DeviceFacts`] | backend, name, total memory, alignment, limits |
+//! | `settings` | string | the `PYTORCH_CUDA_ALLOC_CONF`-style configuration |
+//! | `memory_fraction` | number or null | `set_per_process_memory_fraction` |
+//! | `segments` | [[`SegmentSnapshot`]] | end state: segments with their blocks |
+//! | `trace` | [[`TraceEntry`]] | every state change, oldest first (`action`, `addr`, `size`, `stream`, `time_us`, optional `context`, `annotation`) |
+//! | `stacks` | [[[`Frame`]]] | stacks referenced by `context` indices |
+//! | `annotations` | [[`Annotation`]] | `compile_context` / `user_metadata` referenced by `annotation` |
+//! | `stats` | [`MemoryStats`] | `memory_stats()` at the end |
+//! | `marks` | [[`Mark`]] | labelled points with `memory_allocated()` / `memory_reserved()` |
+//! | `timings` | [[`Timing`]] | named durations (e.g. time per training step) |
+//! | `trace_complete` | bool | whether the trace starts from an empty allocator (else earlier entries were dropped) |
+
+use cachalot_core::backend::{Backend, DeviceFacts};
+use cachalot_core::stats::MemoryStats;
+use cachalot_core::trace::{Annotation, ContextTable, Frame, Mark, TraceEntry};
+use cachalot_core::{CachingAllocator, SegmentSnapshot};
+
+/// Value of the `format` field.
+pub const FORMAT: &str = "cachalot-snapshot";
+/// Current schema version.
+pub const VERSION: u32 = 1;
+
+/// A named duration of a run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Timing {
+    /// What was timed.
+    pub label: String,
+    /// Seconds.
+    pub seconds: f64,
+}
+
+/// A cachalot snapshot: device, configuration, end state, trace, stacks, stats and marks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Schema version ([`VERSION`]).
+    pub version: u32,
+    /// What produced the snapshot.
+    pub source: String,
+    /// The device.
+    pub device: DeviceFacts,
+    /// Allocator configuration string.
+    pub settings: String,
+    /// Memory fraction, if set.
+    pub memory_fraction: Option<f64>,
+    /// Segments and blocks at the end.
+    pub segments: Vec<SegmentSnapshot>,
+    /// The trace, oldest first.
+    pub trace: Vec<TraceEntry>,
+    /// Stacks, indexed by `TraceEntry::context` / block and segment contexts.
+    pub stacks: Vec<Vec<Frame>>,
+    /// Annotations, indexed by `TraceEntry::annotation`.
+    pub annotations: Vec<Annotation>,
+    /// `memory_stats()` at the end.
+    pub stats: MemoryStats,
+    /// Labelled marks.
+    pub marks: Vec<Mark>,
+    /// Named durations.
+    #[serde(default)]
+    pub timings: Vec<Timing>,
+    /// Whether the trace starts from an empty allocator.
+    #[serde(default)]
+    pub trace_complete: bool,
+}
+
+/// A snapshot file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    /// Not valid JSON, or a field of the wrong type; the message names line and column.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// JSON of another kind of file.
+    #[error("not a cachalot snapshot (format is {0:?})")]
+    WrongFormat(String),
+    /// A newer schema.
+    #[error("snapshot version {0} is newer than this cachalot understands ({VERSION})")]
+    Version(u32),
+}
+
+impl Snapshot {
+    /// Captures the allocator now. The trace is complete when history was recorded from the
+    /// allocator's first operation and the ring buffer never overwrote an entry.
+    pub fn capture<B: Backend>(allocator: &CachingAllocator<B>, source: impl Into<String>) -> Self {
+        let trace = allocator.trace();
+        let complete = allocator.is_recording_history() && allocator.trace_len_total() == trace.len() as u64;
+        Snapshot {
+            format: FORMAT.into(),
+            version: VERSION,
+            source: source.into(),
+            device: allocator.device().clone(),
+            settings: allocator.config().settings().to_owned(),
+            memory_fraction: (allocator.memory_fraction() < 1.0).then(|| allocator.memory_fraction()),
+            segments: allocator.snapshot(),
+            trace,
+            stacks: allocator.contexts().stacks().iter().map(|s| s.to_vec()).collect(),
+            annotations: allocator.contexts().annotations().to_vec(),
+            stats: allocator.stats().clone(),
+            marks: allocator.marks().to_vec(),
+            timings: Vec::new(),
+            trace_complete: complete,
+        }
+    }
+
+    /// The stacks and annotations as an interning table (ids unchanged).
+    pub fn context_table(&self) -> ContextTable {
+        let mut table = ContextTable::default();
+        for stack in &self.stacks {
+            table.intern(stack);
+        }
+        for a in &self.annotations {
+            table.intern_annotation(&a.compile_context, &a.user_metadata);
+        }
+        table
+    }
+
+    /// Serialises as JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising plain data to a Vec cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses JSON, checking the format and version fields.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SnapshotFileError> {
+        #[derive(serde::Deserialize)]
+        struct Header {
+            format: Option<String>,
+            version: Option<u32>,
+        }
+        let header: Header = serde_json::from_slice(bytes)?;
+        let format = header.format.unwrap_or_default();
+        if format != FORMAT {
+            return Err(SnapshotFileError::WrongFormat(format));
+        }
+        if let Some(v) = header.version.filter(|&v| v > VERSION) {
+            return Err(SnapshotFileError::Version(v));
+        }
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachalot_core::{AllocatorConfig, SimBackend, StreamId};
+
+    #[test]
+    fn round_trips_through_json() {
+        let mut a = CachingAllocator::new(SimBackend::new(1 << 30), AllocatorConfig::default()).unwrap();
+        a.record_history(true, usize::MAX, &[], false);
+        let stack = a.intern_context(&[Frame { filename: "train.py".into(), line: 7, name: "step".into() }]);
+        a.set_context(Some(stack));
+        let x = a.malloc(3 << 20, StreamId::DEFAULT).unwrap();
+        a.mark("after x");
+        a.free(x).unwrap();
+        let snap = Snapshot::capture(&a, "test");
+        assert!(snap.trace_complete);
+        assert_eq!(snap.trace.len(), 4);
+        let back = Snapshot::from_json(&snap.to_json()).unwrap();
+        assert_eq!(back, snap);
+        assert_eq!(back.context_table().frames(stack)[0].line, 7);
+    }
+
+    #[test]
+    fn bad_files_are_named_errors() {
+        assert!(matches!(Snapshot::from_json(b"{\"format\":\"other\"}"), Err(SnapshotFileError::WrongFormat(_))));
+        assert!(matches!(
+            Snapshot::from_json(b"{\"format\":\"cachalot-snapshot\",\"version\":99}"),
+            Err(SnapshotFileError::Version(99))
+        ));
+        let err = Snapshot::from_json(b"{\"format\":\"cachalot-snapshot\",\"version\":1,\"source\":3}").unwrap_err();
+        assert!(err.to_string().contains("line 1"), "{err}");
+        assert!(Snapshot::from_json(b"{\"format\": \"cachalot-snap").is_err());
+    }
+}

@@ -1,0 +1,299 @@
+//! Reading and writing PyTorch snapshot pickles (`torch.cuda.memory._dump_snapshot`, spec §9.3).
+//!
+//! PyTorch writes its snapshot with Python's `pickle` (protocol 4 on Python ≤ 3.13, 5 on 3.14):
+//! plain dicts, lists, tuples, strings, ints, floats and bools, where the frame lists and frame
+//! dicts are shared between thousands of entries (memoised once, referenced again with `BINGET`).
+//!
+//! **Reading** goes through three steps:
+//! 1. `Guard` scans the opcodes once, without building anything, and refuses what is not
+//!    snapshot data or would hurt us: object/class opcodes, truncation, memo ids beyond the
+//!    file, nesting deeper than [`MAX_NESTING`], self-referencing containers, and shared-tuple
+//!    or dict-merge tricks whose cost grows faster than the file. Without it a single flipped
+//!    byte can make the `pickled` crate allocate 30 GB (a `LONG_BINPUT` id), overflow the stack
+//!    (50,000 nested lists) or loop for hours (a tuple of itself, doubled 40 times) — aborts
+//!    that no `Result` or `catch_unwind` can turn into an error.
+//! 2. `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph.
+//!    `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with "recursive structure
+//!    found" on every one of them, or replaces the shared values by `None`.
+//! 3. `Reader` turns the graph into a [`TorchSnapshot`], interning each shared frame list once
+//!    by its identity, and names the place of anything that does not fit
+//!    (`device_traces[0][1234].size: expected an integer, found a string`).
+//!
+//! **Writing** emits protocol 4 directly, with exactly PyTorch's keys (in PyTorch's order) and
+//! value types, sharing each stack, frame dict and string through the memo the way Python's
+//! pickler does, so the file stays as small as PyTorch's own. It only uses opcodes that the web
+//! viewer's JavaScript unpickler (`MemoryViz.js`) knows, and no `FRAME`s (they are optional).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use pickled::num_traits::ToPrimitive;
+use pickled::{DeOptions, Dict, HashableValue, Value};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::snapshot::torch::{ExternalAnnotation, TorchAllocatorSettings, TorchBlock, TorchSegment, TorchSnapshot};
+use cachalot_core::BlockState;
+use cachalot_core::backend::StreamId;
+use cachalot_core::size::{PoolKind, ROUNDUP_INTERVALS, RoundupDivisions, SMALL_BUFFER};
+use cachalot_core::trace::{ContextId, ContextTable, Frame, TraceAction, TraceEntry};
+
+/// Deepest nesting of containers (and of open `MARK`s) a pickle may have. A snapshot nests 7
+/// levels (dict → list → dict → list → dict → list → dict); the limit keeps every recursive
+/// walk over the value graph (drop included) far from the end of a 2 MiB thread stack.
+pub const MAX_NESTING: u32 = 100;
+
+/// The keys of `roundup_power2_divisions`, one per interval (MB, `"1"` to `"32768"`).
+const ROUNDUP_KEYS: [&str; ROUNDUP_INTERVALS] =
+    ["1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", "8192", "16384", "32768"];
+
+/// Why a snapshot pickle could not be read or written. Every variant names its place.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PickleError {
+    /// The bytes are not a readable pickle: truncated, corrupt, or using opcodes that a
+    /// snapshot never contains.
+    #[error("byte {offset}: {message}")]
+    Malformed {
+        /// Offset of the opcode that could not be read.
+        offset: usize,
+        /// What is wrong there.
+        message: String,
+    },
+    /// The pickle is sound but a value in it is not what a PyTorch snapshot holds there.
+    #[error("{place}: {message}")]
+    Invalid {
+        /// Where, e.g. `device_traces[0][1234].size`.
+        place: String,
+        /// What is wrong there, e.g. `expected an integer, found a string`.
+        message: String,
+    },
+    /// The snapshot cannot be written, e.g. an entry names a stack its context table lacks.
+    #[error("cannot write {place}: {message}")]
+    Unwritable {
+        /// Where, e.g. `segments[3].blocks[0].frames`.
+        place: String,
+        /// What is wrong there.
+        message: String,
+    },
+}
+
+impl PickleError {
+    /// The place the error names: `byte N` for a malformed pickle, else the path of the value.
+    pub fn place(&self) -> String {
+        match self {
+            PickleError::Malformed { offset, .. } => format!("byte {offset}"),
+            PickleError::Invalid { place, .. } | PickleError::Unwritable { place, .. } => place.clone(),
+        }
+    }
+}
+
+/// Reads a snapshot pickle: the dict of `torch.cuda.memory._dump_snapshot` (protocol 0–5) or
+/// a bare list of segments (`torch.cuda.memory_snapshot()`). Never panics; anything that is
+/// not a snapshot is an error that names its place.
+pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
+    read_snapshot_then(bytes, |result| result)
+}
+
+/// Reads like [`read_snapshot`], handing the result to `deliver` before the value graph the
+/// pickle crate built is freed, and returns what `deliver` returns.
+///
+/// Freeing that graph takes a while for a large file (about 0.45 s for a 3,000,000-entry
+/// pickle on a 2-core machine): a caller with more work to do can start it on another thread
+/// from `deliver` and let the freeing overlap it. (The graph is not `Send`, so it must be freed
+/// on the thread that built it.)
+pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
+    let end = match Guard::new(bytes).scan() {
+        Ok(end) => end,
+        Err(error) => return deliver(Err(error)),
+    };
+    // The guard has rejected every pickle that could build a recursive structure, so the
+    // crate's own cycle-breaking walk over the graph (a third of its decode) is not needed.
+    let options = DeOptions::new().decode_utf8().assume_acyclic();
+    let root = match pickled::value_from_slice(&bytes[..end], options) {
+        Ok(root) => root,
+        Err(pickled::Error::Eval(code, offset)) => {
+            return deliver(Err(PickleError::Malformed { offset, message: code.to_string() }));
+        }
+        Err(other) => return deliver(Err(PickleError::Malformed { offset: 0, message: other.to_string() })),
+    };
+    let delivered = deliver(Reader::new(bytes.len()).root(&root));
+    drop(root);
+    delivered
+}
+
+/// Writes `snapshot` as PyTorch writes it (protocol 4).
+pub fn write_snapshot(snapshot: &TorchSnapshot) -> Result<Vec<u8>, PickleError> {
+    let mut writer = Writer::new(&snapshot.contexts);
+    writer.snapshot(snapshot)?;
+    Ok(writer.out)
+}
+
+mod guard;
+mod op;
+mod place;
+mod read;
+mod write;
+
+use guard::Guard;
+use place::Place;
+use read::Reader;
+use write::Writer;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pickle(body: &[u8]) -> Vec<u8> {
+        let mut bytes = vec![op::PROTO, 4];
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    fn malformed(bytes: &[u8]) -> String {
+        match read_snapshot(bytes) {
+            Err(e @ PickleError::Malformed { .. }) => e.to_string(),
+            other => panic!("expected a malformed-pickle error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn roundup_keys_are_the_interval_keys() {
+        for (i, key) in ROUNDUP_KEYS.iter().enumerate() {
+            assert_eq!(*key, TorchAllocatorSettings::interval_key(i));
+        }
+    }
+
+    #[test]
+    fn ints_are_written_like_python_writes_them() {
+        let cases: [(i128, &[u8]); 9] = [
+            (0, &[op::BININT1, 0]),
+            (255, &[op::BININT1, 255]),
+            (256, &[op::BININT2, 0, 1]),
+            (-1, &[op::BININT, 0xff, 0xff, 0xff, 0xff]),
+            (1 << 31, &[op::LONG1, 5, 0, 0, 0, 0x80, 0]),
+            (-(1 << 31) - 1, &[op::LONG1, 5, 0xff, 0xff, 0xff, 0x7f, 0xff]),
+            (0x7f00_0000_0000, &[op::LONG1, 6, 0, 0, 0, 0, 0, 0x7f]),
+            (u64::MAX.into(), &[op::LONG1, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0]),
+            (i64::MIN.into(), &[op::LONG1, 8, 0, 0, 0, 0, 0, 0, 0, 0x80]),
+        ];
+        let table = ContextTable::default();
+        for (value, expected) in cases {
+            let mut w = Writer::new(&table);
+            w.int(value);
+            assert_eq!(w.out, expected, "{value}");
+        }
+    }
+
+    #[test]
+    fn places_render_like_python_paths() {
+        let root = Place::ROOT;
+        let traces = root.field("device_traces");
+        let trace = traces.index(0);
+        let entry = trace.index(1234);
+        assert_eq!(entry.field("size").render(), "device_traces[0][1234].size");
+        assert_eq!(root.field("divisions").key("32").render(), "divisions[\"32\"]");
+        assert_eq!(root.index(3).field("blocks").render(), "[3].blocks");
+        assert_eq!(root.render(), "the top level");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_it_can_overflow_a_stack() {
+        let n = 50_000;
+        let mut body = vec![op::EMPTY_LIST; n];
+        body.extend(std::iter::repeat_n(op::APPEND, n - 1));
+        body.push(op::STOP);
+        assert!(malformed(&pickle(&body)).contains("nested deeper than 100"));
+        let mut marks = vec![op::MARK; 1_000_000];
+        marks.push(op::STOP);
+        assert!(malformed(&pickle(&marks)).contains("MARKs are nested deeper"));
+    }
+
+    #[test]
+    fn memo_ids_beyond_the_file_are_refused() {
+        let body = [op::NONE, op::LONG_BINPUT, 0xff, 0xff, 0xff, 0x7f, op::STOP];
+        assert!(malformed(&pickle(&body)).contains("memo id 2147483647"));
+        let body = [op::BINGET, 3, op::STOP];
+        assert!(malformed(&pickle(&body)).contains("never stored"));
+    }
+
+    #[test]
+    fn doubling_a_shared_tuple_is_refused_quickly() {
+        let mut body = vec![op::NONE];
+        for _ in 0..64 {
+            body.extend([op::DUP, op::TUPLE2]);
+        }
+        body.push(op::STOP);
+        assert!(malformed(&pickle(&body)).contains("far more work"));
+    }
+
+    #[test]
+    fn item_by_item_dict_growth_is_bounded() {
+        // 100,000 SETITEMs on one dict: quadratic in `pickled`, linear in Python.
+        let mut body = vec![op::EMPTY_DICT];
+        for i in 0..100_000u32 {
+            body.push(op::BININT);
+            body.extend(i.to_le_bytes());
+            body.extend([op::NONE, op::SETITEM]);
+        }
+        body.push(op::STOP);
+        assert!(malformed(&pickle(&body)).contains("far more work"));
+    }
+
+    #[test]
+    fn recursive_containers_are_refused() {
+        // l = []; l.append(l)
+        let body = [op::EMPTY_LIST, op::MEMOIZE, op::BINGET, 0, op::APPEND, op::STOP];
+        assert!(malformed(&pickle(&body)).contains("inside itself"));
+        // a = []; b = [a]; a.append(b)
+        let body = [
+            op::EMPTY_LIST,
+            op::MEMOIZE,
+            op::EMPTY_LIST,
+            op::BINGET,
+            0,
+            op::APPEND,
+            op::BINGET,
+            0,
+            op::BINGET,
+            0,
+            op::APPEND,
+            op::STOP,
+        ];
+        assert!(malformed(&pickle(&body)).contains("already inside another container"));
+    }
+
+    #[test]
+    fn objects_and_unknown_opcodes_are_refused() {
+        let body = b"cos\nsystem\n(S'true'\ntR.";
+        assert!(malformed(&pickle(body)).contains("GLOBAL"));
+        assert!(malformed(&pickle(&[0xff])).contains("unknown opcode 0xff"));
+        assert!(malformed(&[op::PROTO, 9, op::NONE, op::STOP]).contains("protocol 9"));
+    }
+
+    #[test]
+    fn a_shared_list_cannot_multiply_the_snapshot() {
+        // {"segments": [], "device_traces": [L, L, L, ...]} with L a list of 1,000 entries.
+        let mut body = vec![op::EMPTY_DICT, op::MARK];
+        body.extend([op::SHORT_BINUNICODE, 8]);
+        body.extend(b"segments");
+        body.push(op::EMPTY_LIST);
+        body.extend([op::SHORT_BINUNICODE, 13]);
+        body.extend(b"device_traces");
+        body.extend([op::EMPTY_LIST, op::MARK, op::EMPTY_LIST, op::MEMOIZE, op::MARK]);
+        body.extend([op::EMPTY_DICT; 1000]);
+        body.push(op::APPENDS);
+        for _ in 0..999 {
+            body.extend([op::BINGET, 0]);
+        }
+        body.extend([op::APPENDS, op::SETITEMS, op::STOP]);
+        let error = read_snapshot(&pickle(&body)).expect_err("must not read 1,000,000 entries from 7 kB");
+        assert!(error.to_string().contains("more elements than the file has bytes"), "{error}");
+    }
+
+    #[test]
+    fn trailing_bytes_after_stop_are_ignored_like_python() {
+        let bytes = pickle(&[op::EMPTY_LIST, op::STOP, b'x', b'y']);
+        let snapshot = read_snapshot(&bytes).expect("a bare, empty list of segments");
+        assert!(snapshot.segments.is_empty());
+    }
+}
