@@ -54,8 +54,8 @@ cat >"$bin/run.sh" <<'RUN'
 #        reference harness's native code, loaded once) and on `cachalot bench --backend cuda`,
 #        back to back (the order alternating by round), pinned to one core; per file, the
 #        median of the pairs' ratios, the ratio of each side's best, and how many pairs are at
-#        <= 0.25 (paired-bench.py: the host slows everything down ~1.8x for seconds at a time,
-#        so only measurements a moment apart compare).
+#        <= 0.25 (paired-bench.py: the host slows everything down for seconds at a time, so
+#        only measurements a moment apart compare; BENCHMARKS.md, section 2, "Paired rounds").
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}

@@ -27,9 +27,15 @@ pub struct WgpuConfig {
     /// Limits to request from the adapter; `None` requests everything the adapter offers
     /// (wgpu's defaults are far lower: 256 MiB buffers, 16 KiB of workgroup memory).
     pub limits: Option<wgpu::Limits>,
-    /// Keep naga's run-time bounds checks and loop bounding in the kernels. Off by default:
-    /// every kernel checks its own indices and the runner validates every binding against
-    /// the shape, so the checks only cost time (a lot of it in the matmul's inner loop).
+    /// Keep naga's run-time bounds checks and loop bounding in the kernels.
+    ///
+    /// `true` is the safe choice: an access out of a binding's range is clamped by the shader
+    /// itself, whatever a kernel's own guards do. `false` trusts those guards (every kernel of
+    /// `cachalot-shaders` tests its indices and the runner validates every binding against the
+    /// shape), which saves the checks' time, much of it in the matmul's inner loop (figures in
+    /// `BENCHMARKS.md`). The default is `false` natively, where the kernels are ours and the
+    /// speed is measured, and `true` in the browser, where a page must never depend on the
+    /// kernels being right to stay within its buffers.
     pub runtime_checks: bool,
     /// Ordinal shown as `GPU N` in out-of-memory messages.
     pub device_index: u32,
@@ -42,7 +48,7 @@ impl Default for WgpuConfig {
         WgpuConfig {
             capacity: DEFAULT_CAPACITY,
             limits: None,
-            runtime_checks: false,
+            runtime_checks: cfg!(target_arch = "wasm32"),
             device_index: 0,
             power_preference: wgpu::PowerPreference::HighPerformance,
         }

@@ -32,9 +32,8 @@ pub(crate) fn pack(key: Key) -> u128 {
 /// number of slots (`SLOTS / 2 - 1`) from any position a key can take. A copy of fixed length
 /// is straight-line moves or one `memmove` that always takes the same path, whatever the
 /// position; a per-slot loop compiled into a chain of compares on it, which mispredicted on
-/// most inserts and on best fit's takes (BENCHMARKS.md, section 1: with 16 keys, the slack cut
-/// `trace-oom_probe_fraction` by 9% and `trace-random_stress_maxsplit` by 4% for 1% fewer
-/// instructions).
+/// most inserts and on best fit's takes (the measurements are in BENCHMARKS.md, section 1,
+/// "Then the shifts").
 #[derive(Clone, Debug)]
 struct Run<const SLOTS: usize> {
     keys: [u128; SLOTS],

@@ -97,10 +97,10 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
 /// Reads like [`read_snapshot`], handing the result to `deliver` before the value graph the
 /// pickle crate built is freed, and returns what `deliver` returns.
 ///
-/// Freeing that graph takes a while for a large file (about 0.45 s for a 3,000,000-entry
-/// pickle on a 2-core machine): a caller with more work to do can start it on another thread
-/// from `deliver` and let the freeing overlap it. (The graph is not `Send`, so it must be freed
-/// on the thread that built it.)
+/// Freeing that graph takes a noticeable share of the read for a large file (BENCHMARKS.md, the
+/// viewer's opening of the 3,000,000-entry pickle): a caller with more work to do can start it
+/// on another thread from `deliver` and let the freeing overlap it. (The graph is not `Send`, so
+/// it must be freed on the thread that built it.)
 pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
     let end = match Guard::new(bytes).scan() {
         Ok(end) => end,

@@ -1,1 +1,0 @@
-//! Workspace-level integration tests live in this crate's `tests/` targets.
