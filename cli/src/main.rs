@@ -63,6 +63,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Both change the process's environment, so they come before anything that could start a thread.
+    #[cfg(unix)]
+    {
+        die_quietly_on_closed_pipe();
+        provide_runtime_dir();
+    }
     let cli = Cli::parse();
     let outcome = match &cli.command {
         Command::Summary { source, abbreviated, device } => report::summary(source, *abbreviated, *device),
@@ -80,5 +86,43 @@ fn main() -> ExitCode {
             eprintln!("cachalot: {:#}", failure.error);
             ExitCode::from(failure.status)
         }
+    }
+}
+
+/// Output written into a closed pipe (`cachalot stats --json | head`) ends the process quietly, as
+/// it does every Unix tool. Rust starts programs with SIGPIPE ignored, which turns the closed pipe
+/// into an error that `println!` panics on.
+#[cfg(unix)]
+fn die_quietly_on_closed_pipe() {
+    // SAFETY: `main` calls this before any thread exists, and `SIG_DFL` is a valid disposition.
+    // `cachalot serve` writes to sockets, which Rust's std sends with MSG_NOSIGNAL on Linux, so a
+    // visitor who closes a connection early gets no signal sent to the server.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Mesa's drivers (the software Vulkan and OpenGL that wgpu and the viewer use without a GPU)
+/// print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice on every start
+/// without one: in containers, on CI, over ssh without a login session. A private directory under
+/// the temporary one (this user's, mode 0700, as the XDG specification asks) stands in for it.
+#[cfg(unix)]
+fn provide_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| !dir.is_empty()) {
+        return;
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("cachalot-runtime-{uid}"));
+    // It may exist from an earlier run; whether it is usable is checked below either way.
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let private = std::fs::symlink_metadata(&dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o777 == 0o700);
+    if private {
+        // SAFETY: `main` calls this before any thread exists, so nothing reads the environment
+        // while it changes.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
     }
 }

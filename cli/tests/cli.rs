@@ -143,3 +143,47 @@ fn bench_times_op_files_in_the_harness_shape() {
     assert!(text(&out.stderr).contains("CUDA out of memory. Tried to allocate 2.00 MiB"), "{}", text(&out.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `cachalot stats --json | head -0`: the reader has closed the pipe, and the command ends as Unix
+/// tools do, by SIGPIPE, without a panic message.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["stats", "--json", &trace("gpt_train")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the replay behind the stats ends, so the first write finds no
+    // reader.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    assert!(out.status.success() || out.status.signal() == Some(libc_sigpipe()), "{:?}", out.status);
+}
+
+/// SIGPIPE's number on every Unix the tests run on.
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
+}
+
+/// Without XDG_RUNTIME_DIR (a container, CI, ssh without a login session), a wgpu command prints
+/// no error line from Mesa's drivers.
+#[test]
+fn no_driver_noise_without_a_runtime_dir() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["bench", "--backend", "wgpu", "--reps", "1"])
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/small.ops"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+}
