@@ -82,6 +82,54 @@ impl BackendError {
 /// Implementations: [`crate::SimBackend`] here, `cachalot-cuda` (CUDA driver through cudarc)
 /// and `cachalot-wgpu`. Addresses are device addresses for CUDA and the simulator; the wgpu
 /// backend hands out addresses in a virtual space of its own and maps them to buffers.
+///
+/// A backend provides segments, events and facts; every decision is the allocator's. This one
+/// wraps the simulator and counts the device allocations it is asked for (expandable segments'
+/// page calls have defaults that say the backend does not support them):
+///
+/// ```
+/// use cachalot_core::{AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId};
+///
+/// struct Counting {
+///     device: SimBackend,
+///     segments: u64,
+/// }
+///
+/// impl Backend for Counting {
+///     type Event = <SimBackend as Backend>::Event;
+///     fn device(&self) -> &DeviceFacts {
+///         self.device.device()
+///     }
+///     fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
+///         self.segments += 1;
+///         self.device.allocate_segment(size, stream)
+///     }
+///     fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+///         self.device.free_segment(address, size)
+///     }
+///     fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+///         self.device.memory_info()
+///     }
+///     fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
+///         self.device.record_event(stream)
+///     }
+///     fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
+///         self.device.query_event(event)
+///     }
+///     fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
+///         self.device.synchronize_event(event)
+///     }
+/// }
+///
+/// let backend = Counting { device: SimBackend::new(1 << 30), segments: 0 };
+/// let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default())?;
+/// for _ in 0..3 {
+///     let x = allocator.malloc(4 << 20, StreamId::DEFAULT)?;
+///     allocator.free(x)?; // cached: the next malloc takes the same block
+/// }
+/// assert_eq!(allocator.backend().segments, 1);
+/// # Ok::<(), cachalot_core::AllocatorError>(())
+/// ```
 pub trait Backend {
     /// A recorded point in a stream's work (CUDA event, wgpu submission index, ...).
     type Event;

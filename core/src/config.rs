@@ -65,6 +65,23 @@ pub enum ConfigError {
 ///
 /// Built by [`AllocatorConfig::parse`] or [`AllocatorConfig::builder`]; the default is PyTorch's
 /// default (no `PYTORCH_CUDA_ALLOC_CONF`).
+///
+/// ```
+/// use cachalot_core::AllocatorConfig;
+///
+/// // The string a PyTorch job sets in PYTORCH_CUDA_ALLOC_CONF, with PyTorch's own error texts.
+/// let config = AllocatorConfig::parse("expandable_segments:True,max_split_size_mb:256")?;
+/// assert!(config.expandable_segments());
+/// assert_eq!(config.max_split_size(), Some(256 << 20));
+///
+/// // The same settings built in code.
+/// let built = AllocatorConfig::builder().expandable_segments(true).max_split_size_mb(256).build()?;
+/// assert_eq!(built.max_split_size(), config.max_split_size());
+///
+/// let error = AllocatorConfig::parse("max_split_size_mb:1").unwrap_err();
+/// assert!(error.to_string().contains("max_split_size_mb"), "{error}");
+/// # Ok::<(), cachalot_core::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AllocatorConfig {

@@ -37,6 +37,19 @@ struct Reservation {
 }
 
 /// A simulated device.
+///
+/// ```
+/// use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, SimBackend, StreamId};
+///
+/// // A device of 1 GiB: the allocator behaves as on a GPU of that size, out-of-memory included.
+/// let mut allocator = CachingAllocator::new(SimBackend::new(1 << 30), AllocatorConfig::default())?;
+/// let x = allocator.malloc(300 << 20, StreamId::DEFAULT)?;
+/// assert_eq!(allocator.backend().used(), 300 << 20);
+/// let error = allocator.malloc(800 << 20, StreamId::DEFAULT).unwrap_err();
+/// assert!(error.to_string().starts_with("CUDA out of memory. Tried to allocate 800.00 MiB"), "{error}");
+/// allocator.free(x)?;
+/// # Ok::<(), cachalot_core::AllocatorError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct SimBackend {
     facts: DeviceFacts,

@@ -115,6 +115,25 @@ fn pool_index(pool: PoolKind) -> usize {
 }
 
 /// Everything `torch.cuda.memory_stats()` reports for one device.
+///
+/// Each family is a [`StatArray`] with PyTorch's three buckets (`all`, `small_pool`,
+/// `large_pool`), each bucket a [`Stat`] (`current`, `peak`, `allocated`, `freed`);
+/// [`MemoryStats::to_flat`] gives the dictionary `memory_stats()` returns, key for key.
+///
+/// ```
+/// use cachalot_core::stats::StatType;
+/// use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+///
+/// let mut allocator = CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default())?;
+/// let x = allocator.malloc(3 << 20, StreamId::DEFAULT)?; // a 20 MiB segment of the large pool
+/// allocator.free(x)?;
+/// let stats = allocator.stats();
+/// assert_eq!(stats.allocated_bytes.all().peak, 3 << 20);
+/// assert_eq!(stats.reserved_bytes.get(StatType::LargePool).current, 20 << 20);
+/// assert_eq!(stats.to_flat()["segment.all.current"], 1);
+/// assert_eq!(stats.to_flat().len(), cachalot_core::stats::MEMORY_STATS_KEYS);
+/// # Ok::<(), cachalot_core::AllocatorError>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MemoryStats {

@@ -29,7 +29,27 @@ pub enum Op {
     },
 }
 
-/// A parsed op file.
+/// A parsed op file: `a ID SIZE [STREAM]` allocates `SIZE` bytes as handle `ID` (on `STREAM`, the
+/// default stream if absent), `f ID` frees it, `#` starts a comment. The standard workloads of
+/// PyTorch's allocator benchmark (`shared/bench/make_ops.py`) are written in it.
+///
+/// ```
+/// use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
+/// use cachalot_trace::ops::OpFile;
+///
+/// let ops = OpFile::parse("# two tensors\na 0 1048576\na 1 512 7\nf 0\nf 1\n")?;
+/// assert_eq!((ops.ops.len(), ops.handles), (4, 2));
+///
+/// let mut allocator = CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default())?;
+/// let mut handles = vec![None; ops.handles];
+/// ops.replay(&mut allocator, &mut handles, false)?;
+/// assert_eq!(allocator.memory_allocated(), 0);
+/// assert_eq!(allocator.memory_reserved(), 4 << 20); // a small-pool segment per stream, cached
+///
+/// let error = OpFile::parse("a 0 512\nf 9\n").unwrap_err();
+/// assert_eq!(error.to_string(), "line 2: free of id 9, which is not live");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpFile {
     /// The operations in order.

@@ -1,6 +1,6 @@
 //! Snapshots: the one exchange format between the allocator, the command line and the viewer.
 //!
-//! - [`file`]: cachalot's own snapshot file (JSON).
+//! - [`file`](mod@file): cachalot's own snapshot file (JSON).
 //! - [`torch`]: PyTorch's snapshot (`torch.cuda.memory._snapshot()`), typed.
 //! - [`pickle`]: reading and writing PyTorch's snapshot pickles.
 //! - [`FileFormat`]: which of these (or an op file) a file holds.
