@@ -13,7 +13,8 @@ each other in a circle.
    there must be none.
 
 Prints what it found and exits 1 on a violation. `--dot FILE` also writes the crate graph as
-Graphviz (render with `dot -Tpng FILE -o crates.png`).
+Graphviz, each crate with its one job (its `description`) and the outside crates it uses, a layer
+a row: `dot -Tsvg FILE -o docs/crates.svg` renders the picture of the README's layout.
 """
 import json
 import re
@@ -40,12 +41,15 @@ LAYERS = {
 def crate_graph():
     meta = json.loads(subprocess.check_output(
         ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"], cwd=ROOT))
-    crates = {}
+    crates, facts = {}, {}
     for package in meta["packages"]:
-        deps = sorted({d["name"] for d in package["dependencies"]
-                       if d["name"].startswith("cachalot-") and d.get("kind") != "dev"})
+        normal = [d for d in package["dependencies"] if d.get("kind") != "dev"]
+        deps = sorted({d["name"] for d in normal if d["name"].startswith("cachalot-")})
+        outside = sorted({d["name"] + (" (optional)" if d.get("optional") else "")
+                          for d in normal if not d["name"].startswith("cachalot-")})
         crates[package["name"]] = (Path(package["manifest_path"]).parent, deps)
-    return crates
+        facts[package["name"]] = (package.get("description") or "", outside)
+    return crates, facts
 
 
 def module_of(path: Path, src: Path):
@@ -114,9 +118,43 @@ def cycles(graph):
     return found
 
 
+def wrap(text: str, width: int = 44) -> str:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "\\n".join(lines + [line])
+
+
+def dot(crates, facts) -> str:
+    """The crate graph as Graphviz: a layer a row, lowest at the bottom."""
+    lines = ["digraph crates {",
+             "  rankdir=BT; newrank=true; nodesep=0.3; ranksep=0.5;",
+             '  node [shape=box, style="rounded,filled", fillcolor="#f4f6fb", fontname="sans", fontsize=10];',
+             '  edge [color="#7a869a", arrowsize=0.6];']
+    for name in sorted(crates):
+        description, outside = facts[name]
+        uses = wrap("uses: " + ", ".join(outside)) if outside else "uses: nothing outside"
+        label = f"<b>{name}</b>\\n{wrap(description)}\\n<i>{uses}</i>"
+        label = label.replace("&", "&amp;").replace("<b>", "").replace("</b>", "")
+        label = label.replace("<i>", "").replace("</i>", "").replace('"', "'")
+        lines.append(f'  "{name}" [label="{label}"];')
+    for layer in sorted(set(LAYERS.values())):
+        same = " ".join(f'"{n}";' for n in sorted(crates) if LAYERS.get(n) == layer)
+        lines.append(f"  {{ rank=same; {same} }}")
+    for name, (_, deps) in sorted(crates.items()):
+        # Edges point down the page: from a crate to what it builds on.
+        lines += [f'  "{dep}" -> "{name}" [dir=back];' for dep in deps]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     dot_path = sys.argv[sys.argv.index("--dot") + 1] if "--dot" in sys.argv else None
-    crates = crate_graph()
+    crates, facts = crate_graph()
     problems = []
     for name, (_, deps) in sorted(crates.items(), key=lambda c: LAYERS.get(c[0], 99)):
         if name not in LAYERS:
@@ -130,11 +168,7 @@ def main():
         for circle in cycles(module_graph(directory / "src")):
             problems.append(f"{name}: modules import each other in a circle: {' <-> '.join(circle)}")
     if dot_path:
-        lines = ["digraph crates {", "  rankdir=TB; node [shape=box, fontname=sans];"]
-        for name, (_, deps) in sorted(crates.items()):
-            lines += [f'  "{name}" -> "{dep}";' for dep in deps]
-        lines.append("}")
-        Path(dot_path).write_text("\n".join(lines) + "\n")
+        Path(dot_path).write_text(dot(crates, facts))
     for problem in problems:
         print(f"layers: {problem}", file=sys.stderr)
     print(f"layers: {len(crates)} crates, {'no' if not problems else len(problems)} violation(s)")
