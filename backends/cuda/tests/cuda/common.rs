@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test module uses a part
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -10,11 +11,15 @@ use cachalot_cuda::{CudaBackend, CudaDevice, CudaKernels, cuda_required};
 
 /// Device 0, or `None` after printing why the test is skipped. With `CACHALOT_REQUIRE_CUDA`
 /// set, a missing device is a failure instead.
+///
+/// The reason goes straight to the process's standard error, not through `eprintln!`, which the
+/// test harness captures and shows only for failures: a skip must be seen in a passing run.
 pub fn device(test: &str) -> Option<Arc<CudaDevice>> {
     match CudaDevice::open(0) {
         Ok(device) => Some(device),
         Err(error) if !cuda_required() => {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "skipped {test}: no usable CUDA device ({error}); set CACHALOT_REQUIRE_CUDA=1 to make this a failure"
             );
             None
