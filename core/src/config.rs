@@ -1,5 +1,5 @@
 //! Allocator configuration: PyTorch 2.11's `PYTORCH_CUDA_ALLOC_CONF` keys, parsed from the same
-//! string syntax or set through [`ConfigBuilder`] (spec §11).
+//! string syntax or set through [`ConfigBuilder`] (`docs/allocator-rules.md` §19).
 //!
 //! ```
 //! use cachalot_core::AllocatorConfig;
@@ -532,7 +532,7 @@ fn check_pinned_threads(threads: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `roundup_power2_divisions:N` or `roundup_power2_divisions:[MB:N,...,>:N]` (spec §1.2).
+/// `roundup_power2_divisions:N` or `roundup_power2_divisions:[MB:N,...,>:N]` (`docs/allocator-rules.md` §2).
 fn parse_divisions(key: &str, value: &[&str]) -> Result<RoundupDivisions, ConfigError> {
     if let [single] = value {
         let divisions =
@@ -606,7 +606,7 @@ mod tests {
         assert_eq!(c.settings(), "expandable_segments:True");
     }
 
-    /// The AllocatorConfig test of spec §1.2.
+    /// PyTorch's AllocatorConfig test (`docs/allocator-rules.md` §2).
     #[test]
     fn division_list_fills_intervals_like_pytorch() {
         let c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]").unwrap();

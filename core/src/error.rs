@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(format_size(150_109_880_320), "139.80 GiB");
     }
 
-    /// Spec §3.7: the two real 2.11 messages, rebuilt from their parts.
+    /// `docs/allocator-rules.md` §10: the two measured 2.11 messages, rebuilt from their parts.
     #[test]
     fn messages_match_pytorch_2_11() {
         let process = "Including non-PyTorch memory, this process has 544.00 MiB memory in use. ";

@@ -16,7 +16,7 @@
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
 //!
-//! // The worked example of the spec: tensors of 4 B, 43,008,000 B, 1 MiB + 1, 15 MiB and 25 MiB.
+//! // The worked example of `docs/allocator-rules.md` §21: 4 B, 43,008,000 B, 1 MiB + 1, 15 MiB and 25 MiB.
 //! let mut allocator = CachingAllocator::new(SimBackend::new(150_109_880_320), AllocatorConfig::default())?;
 //! for size in [4, 43_008_000, (1 << 20) + 1, 15 << 20, 25 << 20] {
 //!     allocator.malloc(size, StreamId::DEFAULT)?;

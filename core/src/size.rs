@@ -1,5 +1,5 @@
 //! Size rules: how a request becomes a block size, which pool it belongs to and how large a
-//! new segment for it is (spec §1).
+//! new segment for it is (`docs/allocator-rules.md` §1–§3, §6).
 //!
 //! All thresholds apply to the *rounded* size: a `10 MiB - 1` request rounds to exactly
 //! 10 MiB and therefore gets its own 10 MiB segment instead of a 20 MiB one.
@@ -124,7 +124,7 @@ mod tests {
 
     const DEFAULT: RoundupDivisions = [0; ROUNDUP_INTERVALS];
 
-    /// Spec §1.1, verified on 2.11 / H200: request → block size under three configurations.
+    /// `docs/allocator-rules.md` §2, measured on 2.11 / H200: request → block size under three configurations.
     #[test]
     fn rounding_table_matches_pytorch() {
         let four = [4; ROUNDUP_INTERVALS];
@@ -156,7 +156,7 @@ mod tests {
         assert_eq!(round_size(513, &DEFAULT), 1024);
     }
 
-    /// Spec §1.3 and §12.4: tiers are decided on the rounded size.
+    /// `docs/allocator-rules.md` §3 and §22: tiers are decided on the rounded size.
     #[test]
     fn allocation_sizes_follow_the_three_tiers() {
         assert_eq!(allocation_size(512, LARGE_BUFFER), SMALL_BUFFER);

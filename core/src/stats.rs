@@ -1,5 +1,5 @@
 //! `memory_stats()`: PyTorch's counters, their update rules and the 122 flattened keys
-//! (spec §7).
+//! (`docs/allocator-rules.md` §16).
 
 use std::collections::BTreeMap;
 

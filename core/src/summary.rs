@@ -1,4 +1,4 @@
-//! `torch.cuda.memory_summary()`, byte for byte (spec §8).
+//! `torch.cuda.memory_summary()`, byte for byte (`docs/allocator-rules.md` §17).
 
 use std::fmt::Write;
 

@@ -1,5 +1,5 @@
 //! The trace: PyTorch's `TraceEntry` actions for every state change, stack frames, and
-//! labelled marks (spec §9.1–9.2).
+//! labelled marks (`docs/allocator-rules.md` §18).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! Every verified example of `spec/pytorch-caching-allocator.md`, measured on PyTorch 2.11 /
-//! H200, replayed on the simulator.
+//! The measured examples of `docs/allocator-rules.md`, replayed on the simulator. The numbers
+//! were measured on an NVIDIA H200 with PyTorch 2.11.0+cu130, each experiment in a fresh process.
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
@@ -9,7 +9,7 @@ use cachalot_core::{
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-/// `total_memory` of the H200 the spec was measured on.
+/// `total_memory` of the H200 the examples were measured on.
 const H200: u64 = 150_109_880_320;
 const S0: StreamId = StreamId::DEFAULT;
 
@@ -27,7 +27,7 @@ fn blocks(segment: &SegmentSnapshot) -> Vec<(u64, BlockState)> {
     segment.blocks.iter().map(|b| (b.size, b.state)).collect()
 }
 
-/// Spec §12.1: 4 B; 43,008,000 B; 1 MiB + 1; 15 MiB; 25 MiB, all kept alive.
+/// `docs/allocator-rules.md` §21: 4 B; 43,008,000 B; 1 MiB + 1; 15 MiB; 25 MiB, all kept alive.
 #[test]
 fn worked_example_kept_alive() {
     let mut a = allocator("");
@@ -78,8 +78,8 @@ fn worked_example_kept_alive() {
     assert_eq!(a.memory_allocated(), 27_262_976);
 }
 
-/// Spec §7 (stats dump) and §8 (summary text): the §12.1 sequence, then the 1 MiB + 1 tensor
-/// freed.
+/// `docs/allocator-rules.md` §16 (stats dump) and §17 (summary text): the §21 sequence, then the
+/// 1 MiB + 1 tensor freed.
 #[test]
 fn stats_dump_and_summary_text() {
     let mut a = allocator("");
@@ -165,7 +165,7 @@ fn stats_dump_and_summary_text() {
     assert_eq!(expected_summary.lines().count(), 47);
 }
 
-/// Spec §12.2: each tensor freed before the next: everything reuses the 42 MiB block.
+/// `docs/allocator-rules.md` §21: each tensor freed before the next: everything reuses the 42 MiB block.
 #[test]
 fn worked_example_freed_in_between() {
     let mut a = allocator("");
@@ -182,7 +182,7 @@ fn worked_example_freed_in_between() {
     assert_eq!(a.memory_reserved(), 46_137_344);
 }
 
-/// Spec §12.3: the kept-alive sequence with `expandable_segments:True`.
+/// `docs/allocator-rules.md` §21: the kept-alive sequence with `expandable_segments:True`.
 #[test]
 fn worked_example_expandable_segments() {
     let mut a = allocator("expandable_segments:True");
@@ -225,9 +225,9 @@ fn worked_example_expandable_segments() {
     assert_eq!(unmaps, [40 * MIB, 2 * MIB]);
 }
 
-/// Spec §12.3 companion: freeing each tensor before the next gives 44 MiB without expandable
-/// segments (checked above) — and with `large_segment_size_mb:40` a 25 MiB request maps one
-/// 40 MiB page.
+/// `docs/allocator-rules.md` §14 and §21, companion: freeing each tensor before the next gives
+/// 44 MiB without expandable segments (checked above) — and with `large_segment_size_mb:40` a
+/// 25 MiB request maps one 40 MiB page.
 #[test]
 fn expandable_pages_follow_large_segment_size() {
     let mut a = allocator("expandable_segments:True,large_segment_size_mb:40");
@@ -236,7 +236,7 @@ fn expandable_pages_follow_large_segment_size() {
     checked(&a);
 }
 
-/// Spec §12.4, the micro-cases.
+/// `docs/allocator-rules.md` §22, the micro-cases.
 #[test]
 fn micro_cases() {
     // Two 1 MiB requests fill one 2 MiB small segment exactly.
@@ -294,7 +294,7 @@ fn micro_cases() {
     checked(&a);
 }
 
-/// Spec §3.1 with `max_split_size_mb:100`: the oversize and slack rules.
+/// `docs/allocator-rules.md` §12 with `max_split_size_mb:100`: the oversize and slack rules.
 #[test]
 fn oversize_blocks_and_rounding_slack() {
     let mut a = allocator("max_split_size_mb:100");
@@ -316,7 +316,7 @@ fn oversize_blocks_and_rounding_slack() {
     checked(&a);
 }
 
-/// Spec §3.4: with a 1 GiB allowance and `max_split_size_mb:100`, a 500 MiB request frees the
+/// `docs/allocator-rules.md` §12: with a 1 GiB allowance and `max_split_size_mb:100`, a 500 MiB request frees the
 /// cached 600 MiB block instead of retrying with everything.
 #[test]
 fn release_available_cached_blocks_frees_one_oversize_block() {
@@ -333,7 +333,7 @@ fn release_available_cached_blocks_frees_one_oversize_block() {
     checked(&a);
 }
 
-/// Spec §3.5: the garbage collector frees the four segments older than the average age.
+/// `docs/allocator-rules.md` §11: the garbage collector frees the four segments older than the average age.
 #[test]
 fn garbage_collection_frees_old_segments() {
     let setup = |segments: usize| {
@@ -363,7 +363,7 @@ fn garbage_collection_frees_old_segments() {
     checked(&a);
 }
 
-/// Spec §3.7: the two real out-of-memory messages and the counters of one OOM.
+/// `docs/allocator-rules.md` §10: the two real out-of-memory messages and the counters of one OOM.
 #[test]
 fn out_of_memory_messages_and_counters() {
     let free = 149_527_838_720; // "139.26 GiB"
@@ -410,7 +410,7 @@ fn out_of_memory_messages_and_counters() {
     assert_eq!(a.stats().num_ooms, 1);
 }
 
-/// Spec §4: a block used on another stream stays active until that stream's work is done; the
+/// `docs/allocator-rules.md` §8: a block used on another stream stays active until that stream's work is done; the
 /// free completes in the next malloc's `process_events`, before the new allocation.
 #[test]
 fn record_stream_delays_the_free() {

@@ -1,5 +1,5 @@
 //! Expandable segments: one VA reservation per (stream, pool) grown by mapping pages and shrunk
-//! by unmapping fully free ones (spec §6).
+//! by unmapping fully free ones (`docs/allocator-rules.md` §14).
 
 use super::CachingAllocator;
 use super::malloc::Request;

@@ -1,5 +1,5 @@
 //! Frees in two steps, merging with neighbours, and cross-stream use through events
-//! (spec §4).
+//! (`docs/allocator-rules.md` §7, §8).
 
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, StreamId};

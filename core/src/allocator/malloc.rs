@@ -1,5 +1,5 @@
 //! `malloc`: best fit in the cache, splitting, new segments and the out-of-memory retry chain
-//! (spec §3).
+//! (`docs/allocator-rules.md` §5, §6, §9, §10).
 
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};

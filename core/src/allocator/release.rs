@@ -1,5 +1,5 @@
 //! Giving memory back: `empty_cache`, the oversize release of the retry chain and the garbage
-//! collector (spec §3.4, §3.5, §5).
+//! collector (`docs/allocator-rules.md` §11–§13).
 
 use super::CachingAllocator;
 use super::malloc::Request;

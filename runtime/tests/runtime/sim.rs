@@ -29,7 +29,7 @@ fn seeds_on_the_cuda_profile_gives_pytorchs_marks_and_trace() {
 
 #[test]
 fn the_cuda_sm80_profile_shows_the_spec_linear_observation() {
-    // Spec §10.2: with the 8.125 MiB workspace, lin(x) adds 9.515625 MiB allocated (output,
+    // `docs/allocator-rules.md` §20: with the 8.125 MiB workspace, lin(x) adds 9.515625 MiB allocated (output,
     // cuBLAS workspace in a new 20 MiB segment, 1 MiB cuBLASLt workspace in the small
     // segment) and reserved is 62 MiB.
     let result = common::run(&Experiment::Seeds, common::sim(SimProfile::cuda_sm80(), false));

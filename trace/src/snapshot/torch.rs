@@ -1,4 +1,4 @@
-//! PyTorch's snapshot, as `torch.cuda.memory._snapshot()` returns it (spec §9.2), in typed
+//! PyTorch's snapshot, as `torch.cuda.memory._snapshot()` returns it (`docs/allocator-rules.md` §18.3), in typed
 //! form. Stacks are interned in a [`ContextTable`] so that the frame lists PyTorch shares
 //! between thousands of entries stay shared here.
 

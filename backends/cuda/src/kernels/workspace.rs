@@ -1,5 +1,5 @@
 //! PyTorch 2.11's cuBLAS and cuBLASLt workspace sizes (`aten/src/ATen/cuda/CublasHandlePool.cpp`,
-//! spec §10.1).
+//! `docs/allocator-rules.md` §20).
 
 /// The default cuBLAS workspace on compute capability majors 9, 10 and 12 (Hopper, Blackwell):
 /// `:4096:8` = 32 MiB.

@@ -1,4 +1,4 @@
-//! Reading and writing PyTorch snapshot pickles (`torch.cuda.memory._dump_snapshot`, spec §9.3).
+//! Reading and writing PyTorch snapshot pickles (`torch.cuda.memory._dump_snapshot`, `docs/allocator-rules.md` §18.4).
 //!
 //! PyTorch writes its snapshot with Python's `pickle` (protocol 4 on Python ≤ 3.13, 5 on 3.14):
 //! plain dicts, lists, tuples, strings, ints, floats and bools, where the frame lists and frame
