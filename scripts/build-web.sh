@@ -28,10 +28,10 @@ fi
 have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}' || true)
 if [ "$have" != "$version" ]; then
   echo "build-web: installing wasm-bindgen-cli $version (found '${have:-none}')"
-  # --locked uses the lock file wasm-bindgen-cli shipped; if one of its pins is no longer on
-  # crates.io (yanked), resolve its dependencies afresh instead.
-  cargo install --locked wasm-bindgen-cli --version "$version" ||
-    cargo install wasm-bindgen-cli --version "$version"
+  # The tool's own version is what must match the crate, and it is pinned exactly. Its lock file
+  # is not used (no --locked): 0.2.130's pins a webpki-roots that crates.io has yanked, so a
+  # locked install fails to resolve before anything is built.
+  cargo install wasm-bindgen-cli --version "=$version"
 fi
 if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown

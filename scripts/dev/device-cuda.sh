@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here (no GPU or CUDA toolkit needed), the CUDA backend's GPU tests and the `cachalot`
-# binary (for `cachalot bench`) in release, strips them into the git-ignored .device-bin/
-# together with the shared data they read (reference marks, bench scripts, trace pickles),
+# binary (for `cachalot bench`) in the benchmark profile (fat LTO), strips them into the
+# git-ignored .device-bin/ together with the shared data they read (reference marks, bench
+# scripts, trace pickles),
 # writes .device-bin/run.sh, and prints the command to run on the device machine, which has no Rust.
 #
 #   scripts/dev/device-cuda.sh            # then run the printed command with carry [".device-bin"]
@@ -26,10 +27,10 @@ done
 
 source scripts/dev/lib/executables.sh
 
-echo "building the GPU tests and the benchmark (release, target dir $CARGO_TARGET_DIR) ..." >&2
-tests_exe=$(cargo test --release -p cachalot-cuda --test cuda --no-run --message-format=json-render-diagnostics \
+echo "building the GPU tests and the benchmark (benchmark profile: fat LTO, target dir $CARGO_TARGET_DIR) ..." >&2
+tests_exe=$(cargo test --profile benchmark -p cachalot-cuda --test cuda --no-run --message-format=json-render-diagnostics \
     | executables cuda | tail -n 1)
-bench_exe=$(cargo build --release --locked -p cachalot-cli --bin cachalot --message-format=json-render-diagnostics \
+bench_exe=$(cargo build --profile benchmark --locked -p cachalot-cli --bin cachalot --message-format=json-render-diagnostics \
     | executables cachalot | tail -n 1)
 [[ -x $tests_exe && -x $bench_exe ]] || { echo "device-cuda.sh: build produced no executables" >&2; exit 1; }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here (no GPU, CUDA toolkit or Vulkan driver needed), the `cachalot` binary and the
-# runtime's integration tests in release, strips them into the git-ignored .device-bin-run/
-# with the reference data they read (PyTorch's seeds marks and trace), writes
+# runtime's integration tests in the benchmark profile (fat LTO), strips them into the
+# git-ignored .device-bin-run/ with the reference data they read (PyTorch's seeds marks and
+# trace), writes
 # .device-bin-run/run.sh, and prints the command to run on the device machine, which has no Rust.
 #
 #   scripts/dev/device-run.sh        # then run the printed command with carry [".device-bin-run", ".gl"]
@@ -34,10 +35,10 @@ done
 
 source scripts/dev/lib/executables.sh
 
-echo "building cachalot and the runtime tests (release, target dir $CARGO_TARGET_DIR) ..." >&2
-cli_exe=$(cargo build --release --locked -p cachalot-cli --bin cachalot --message-format=json-render-diagnostics \
+echo "building cachalot and the runtime tests (benchmark profile: fat LTO, target dir $CARGO_TARGET_DIR) ..." >&2
+cli_exe=$(cargo build --profile benchmark --locked -p cachalot-cli --bin cachalot --message-format=json-render-diagnostics \
     | executables cachalot | tail -n 1)
-tests_exe=$(cargo test --release --locked -p cachalot-runtime --test runtime --no-run \
+tests_exe=$(cargo test --profile benchmark --locked -p cachalot-runtime --test runtime --no-run \
     --message-format=json-render-diagnostics | executables runtime | tail -n 1)
 [[ -x $cli_exe && -x $tests_exe ]] || { echo "device-run.sh: build produced no executables" >&2; exit 1; }
 

@@ -5,16 +5,16 @@
 #
 #   scripts/dev/icount.sh [BINARY] FILE...   (FILE: a name in target/bench-ops, e.g. steady-1MiB)
 #
-# BINARY defaults to a fresh release build of trace/examples/replay.rs; pass a saved copy to
-# compare two versions of the core.
+# BINARY defaults to a fresh build of trace/examples/replay.rs in the benchmark profile (fat LTO);
+# pass a saved copy to compare two versions of the core.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "icount.sh: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 if [[ $# -gt 0 && -x "$1" && ! -d "$1" && "$1" == */* ]]; then
   binary=$1; shift
 else
-  cargo build --release --quiet -p cachalot-trace --example replay
-  binary=target/release/examples/replay
+  cargo build --profile benchmark --quiet -p cachalot-trace --example replay
+  binary=${CARGO_TARGET_DIR:-target}/benchmark/examples/replay
 fi
 ops_dir=${CACHALOT_OPS_DIR:-target/bench-ops}
 [[ -d $ops_dir ]] || { echo "icount.sh: no $ops_dir; run 'cargo bench -p cachalot-trace' once to generate the op files" >&2; exit 1; }
