@@ -1,7 +1,8 @@
-//! `cachalot bench OPS... [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]`:
+//! `cachalot bench [OPS...] [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]`:
 //! times op files (`shared/bench/README.md`) on cachalot's allocator and prints the median ns
 //! per op in the shape of `shared/bench/torch_alloc_bench.py` (`file allocator median ns/op`),
-//! so the two outputs of one run on one machine compare line by line.
+//! so the two outputs of one run on one machine compare line by line. Without files it times the
+//! standard workloads, which the repository ships (`testdata/bench-ops`).
 //!
 //! Exit status 2 for a bad file or option or a backend that cannot be used; 1 when a replay
 //! fails on the device (out of memory, a driver error).
@@ -21,8 +22,8 @@ use crate::run::parse_bytes;
 /// Arguments of `cachalot bench`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Op files (`a ID SIZE [STREAM]`, `f ID`), e.g. those of shared/bench/workloads.sh.
-    #[arg(required = true)]
+    /// Op files (`a ID SIZE [STREAM]`, `f ID`); default: the standard workloads of PyTorch's
+    /// allocator benchmark, as the repository ships them in testdata/bench-ops.
     pub files: Vec<PathBuf>,
     /// auto: CUDA, then wgpu's best adapter, then the simulator (the policy's cost alone).
     #[arg(long, default_value = "auto", value_parser = ["auto", "cuda", "wgpu", "sim"])]
@@ -43,12 +44,28 @@ pub struct BenchArgs {
     pub capacity: Option<u64>,
 }
 
+/// The standard workloads of the checkout this binary was built from (`testdata/bench-ops`,
+/// written by `shared/bench/workloads.sh`), in name order.
+fn standard_workloads() -> anyhow::Result<Vec<PathBuf>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops");
+    let entries = std::fs::read_dir(&dir).with_context(|| {
+        format!("no op files given, and the standard workloads are not at {}: name op files", dir.display())
+    })?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "ops"))
+        .collect();
+    paths.sort();
+    Ok(paths)
+}
+
 /// Runs `cachalot bench`: the backend chosen (on stderr, with why), then one line per file.
 pub fn run(args: &BenchArgs) -> Outcome {
     let config = AllocatorConfig::parse(&args.config).map_err(|e| anyhow!("--config '{}': {e}", args.config))?;
     // Every file is read and parsed before anything is timed, so a bad file fails at once.
-    let mut files = Vec::with_capacity(args.files.len());
-    for path in &args.files {
+    let paths = if args.files.is_empty() { standard_workloads()? } else { args.files.clone() };
+    let mut files = Vec::with_capacity(paths.len());
+    for path in &paths {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let ops = OpFile::parse(&text).with_context(|| format!("{}", path.display()))?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());

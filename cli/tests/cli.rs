@@ -187,3 +187,14 @@ fn no_driver_noise_without_a_runtime_dir() {
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
 }
+
+/// Without files, `cachalot bench` times the standard workloads the repository ships.
+#[test]
+fn bench_without_files_times_the_standard_workloads() {
+    let out = cachalot(&["bench", "--backend", "sim", "--reps", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let files: Vec<&str> = stdout.lines().filter_map(|line| line.split_whitespace().next()).collect();
+    assert_eq!(files.len(), 12, "{stdout}");
+    assert!(files.contains(&"steady-1MiB.ops") && files.contains(&"trace-gpt_train.ops"), "{stdout}");
+}

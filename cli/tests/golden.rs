@@ -66,9 +66,21 @@ fn without_durations(text: &str) -> String {
     out
 }
 
-/// `line` with every decimal number (`0.3565`) as `<t>`.
+/// `line` with every decimal number (`0.3565`) as `<t>`, and its runs of spaces as one: the
+/// column widths there follow the widths of the numbers.
 fn every_decimal_masked(line: &str) -> String {
-    masked(line, |_| true)
+    let masked = masked(line, |_| true);
+    let mut out = String::with_capacity(masked.len());
+    for (i, word) in masked.split(' ').filter(|w| !w.is_empty()).enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    if line.starts_with(' ') {
+        out.insert_str(0, "  ");
+    }
+    out
 }
 
 /// `line` with every decimal number followed by ` s` as `<t>`.
@@ -142,7 +154,7 @@ fn durations_are_masked_and_nothing_else() {
     assert_eq!(without_durations("400 ops (3333 ns per op)"), "400 ops (<n> ns per op)");
     assert_eq!(
         without_durations("time (seconds; ratio)\n  step 0  —  0.3565 (1.00x)\n\nloss 2.30\n"),
-        "time (seconds; ratio)\n  step 0  —  <t> (<t>x)\n\nloss 2.30\n"
+        "time (seconds; ratio)\n  step 0 — <t> (<t>x)\n\nloss 2.30\n"
     );
 }
 

@@ -3,7 +3,7 @@
 # repeatable, where timings on a shared 2-core machine move by 5-10% between runs. Each file is
 # replayed once and three times; the difference over two replays' ops is one warm op's cost.
 #
-#   scripts/dev/icount.sh [BINARY] FILE...   (FILE: a name in target/bench-ops, e.g. steady-1MiB)
+#   scripts/dev/icount.sh [BINARY] FILE...   (FILE: a name in testdata/bench-ops, e.g. steady-1MiB)
 #
 # BINARY defaults to a fresh build of trace/examples/replay.rs in the benchmark profile (fat LTO);
 # pass a saved copy to compare two versions of the core.
@@ -16,8 +16,8 @@ else
   cargo build --profile benchmark --quiet -p cachalot-trace --example replay
   binary=${CARGO_TARGET_DIR:-target}/benchmark/examples/replay
 fi
-ops_dir=${CACHALOT_OPS_DIR:-target/bench-ops}
-[[ -d $ops_dir ]] || { echo "icount.sh: no $ops_dir; run 'cargo bench -p cachalot-trace' once to generate the op files" >&2; exit 1; }
+ops_dir=${CACHALOT_OPS_DIR:-testdata/bench-ops}
+[[ -d $ops_dir ]] || { echo "icount.sh: no $ops_dir (set CACHALOT_OPS_DIR to a folder of op files)" >&2; exit 1; }
 count() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$binary" "$1" "$2" 2>&1 | awk '/Collected/ {print $4}'; }
 for name in "$@"; do
   file=$ops_dir/${name%.ops}.ops

@@ -9,9 +9,9 @@
 //! heap allocator (`std::alloc`, 512-byte aligned): the ratio says what the cache costs relative
 //! to a general-purpose CPU allocator on this machine.
 //!
-//! Op files come from `$CACHALOT_OPS_DIR`, or are generated into `target/bench-ops` with
-//! `shared/bench/workloads.sh` (needs python3). Arguments filter the files by name;
-//! `CACHALOT_BENCH_NO_REFERENCE=1` skips the reference replays.
+//! Op files come from `$CACHALOT_OPS_DIR`, else the standard workloads the repository ships
+//! (`testdata/bench-ops`, as `shared/bench/workloads.sh` writes them). Arguments filter the files
+//! by name; `CACHALOT_BENCH_NO_REFERENCE=1` skips the reference replays.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::path::{Path, PathBuf};
@@ -86,20 +86,8 @@ fn bench_system(ops: &OpFile) -> Vec<f64> {
 }
 
 fn ops_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CACHALOT_OPS_DIR") {
-        return PathBuf::from(dir);
+    match std::env::var_os("CACHALOT_OPS_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops"),
     }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = manifest.join("../target/bench-ops");
-    if !dir.join("steady-1MiB.ops").exists() {
-        let script = manifest.join("../../shared/bench/workloads.sh");
-        eprintln!("generating op files with {} ...", script.display());
-        let status = std::process::Command::new("bash")
-            .arg(&script)
-            .arg(&dir)
-            .status()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        assert!(status.success(), "{} failed", script.display());
-    }
-    dir
 }

@@ -84,3 +84,31 @@ fn vendored_traces_equal_the_shared_ground_truth() {
     }
     assert_eq!(compared, 18, "nine pickles and nine expected.json files");
 }
+
+/// The shipped standard workloads are what `shared/bench/workloads.sh` writes (it needs python3
+/// and the shared folder beside the repository; without them there is nothing to compare with).
+#[test]
+fn vendored_bench_ops_equal_the_shared_workloads() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let script = root.join("../shared/bench/workloads.sh");
+    let python = std::process::Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !script.exists() || !python {
+        eprintln!("no ../shared/bench/workloads.sh or no python3: nothing to compare the shipped op files with");
+        return;
+    }
+    let fresh = std::env::temp_dir().join(format!("cachalot-bench-ops-{}", std::process::id()));
+    let status = std::process::Command::new("bash").arg(&script).arg(&fresh).status().unwrap();
+    assert!(status.success(), "{} failed", script.display());
+    let shipped = root.join("testdata/bench-ops");
+    let names = |dir: &PathBuf| {
+        let mut names: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&fresh), names(&shipped));
+    for name in names(&fresh) {
+        let (a, b) = (std::fs::read(fresh.join(&name)).unwrap(), std::fs::read(shipped.join(&name)).unwrap());
+        assert!(a == b, "testdata/bench-ops/{} differs from what workloads.sh writes", name.to_string_lossy());
+    }
+    std::fs::remove_dir_all(&fresh).ok();
+}
