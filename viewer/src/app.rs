@@ -13,6 +13,7 @@ use crate::model::{Rules, Run, RunKind, StateCache, Verification};
 use crate::pools::{self, PoolsState};
 use crate::segments::{self, SegmentMapState};
 use crate::stats::{self, StatsState};
+use crate::style;
 use crate::timeline::{self, TimelineState};
 
 /// The panel under the timeline.
@@ -147,29 +148,8 @@ pub struct ViewerApp {
     inbox: crate::web::Inbox,
     /// Drawn by a software rasterizer (Mesa's llvmpipe or lavapipe on a machine without a GPU): the panels
     /// then paint no fill and the window is cleared to their colour instead (see
-    /// [`panel_frame`]).
+    /// [`style::panel_frame`]).
     pub software_rendering: bool,
-}
-
-/// Where [`ViewerApp::show`] tells the views whether a software rasterizer draws them.
-fn software_rendering_id() -> egui::Id {
-    egui::Id::unique("cachalot_software_rendering")
-}
-
-/// A panel's `frame`, without its fill when a software rasterizer draws the window. There, one
-/// pass over a 1400×900 window takes about 40 ms on two cores through wgpu on lavapipe (about
-/// 5 ms through OpenGL on llvmpipe, which the window uses there: `native::WindowRenderer`), and the
-/// panels' fills cover the whole window: without them an empty window draws at 150 frames/s
-/// instead of 17. The window is cleared to the same colour ([`eframe::App::clear_color`]), which
-/// costs nothing; what is lost is the fade at the edges of scroll areas, which takes its colour
-/// from the fill.
-pub(crate) fn panel_frame(ui: &egui::Ui, frame: egui::Frame) -> egui::Frame {
-    if software_rendering(ui.ctx()) { frame.fill(egui::Color32::TRANSPARENT) } else { frame }
-}
-
-/// Whether a software rasterizer draws the window, where every filled pixel counts.
-pub(crate) fn software_rendering(ctx: &egui::Context) -> bool {
-    ctx.data(|d| d.get_temp::<bool>(software_rendering_id())).unwrap_or(false)
 }
 
 impl Default for ViewerApp {
@@ -206,10 +186,7 @@ impl ViewerApp {
 
     /// Sets up fonts and style for an eframe creation context.
     pub fn setup(ctx: &egui::Context) {
-        ctx.set_theme(egui::Theme::Dark);
-        ctx.global_style_mut(|style| {
-            style.spacing.item_spacing = egui::vec2(6.0, 4.0);
-        });
+        style::setup(ctx);
     }
 
     /// Adds already built runs as tabs (the last one becomes active).
@@ -461,20 +438,20 @@ impl ViewerApp {
     /// The whole UI (eframe's `App::ui` calls this; tests and the benchmark call it directly).
     pub fn show(&mut self, ui: &mut egui::Ui) {
         let ctx = ui.ctx().clone();
-        ctx.data_mut(|d| d.insert_temp(software_rendering_id(), self.software_rendering));
+        style::set_software_rendering(&ctx, self.software_rendering);
         self.poll(&ctx);
         self.top_bar(ui);
         self.bottom_bar(ui);
         self.dialogs(&ctx);
         if self.tabs.is_empty() {
             egui::CentralPanel::default()
-                .frame(panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
                 .show(ui, |ui| self.welcome(ui));
         } else {
             self.active = self.active.min(self.tabs.len() - 1);
             if self.view == View::Compare {
                 egui::CentralPanel::default()
-                    .frame(panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                    .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
                     .show(ui, |ui| compare::ui(ui, &mut self.tabs, &mut self.compare));
             } else {
                 self.run_panels(ui);
@@ -496,87 +473,93 @@ impl ViewerApp {
     }
 
     fn top_bar(&mut self, ui: &mut egui::Ui) {
-        egui::Panel::top("top_bar").frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(ui, |ui| {
-            ui.horizontal_wrapped(|ui| {
-                ui.strong("cachalot");
-                if ui.button("Open…").clicked() {
-                    self.open_files(ui.ctx());
-                }
-                if ui.button("Run experiment…").clicked() {
-                    self.run_dialog.open = true;
-                }
-                let replayable =
-                    self.active_tab().is_some_and(|t| matches!(t.run.kind, RunKind::Torch { .. }) && !t.run.live);
-                if ui
-                    .add_enabled(replayable, egui::Button::new("Replay through cachalot"))
-                    .on_hover_text(
-                        "replay this PyTorch trace through cachalot's allocator on the simulator, to compare",
-                    )
-                    .clicked()
-                {
-                    self.replay_active();
-                }
-                ui.separator();
-                let mut close = None;
-                for (i, tab) in self.tabs.iter().enumerate() {
-                    let live = if tab.live.is_some() { "⏺ " } else { "" };
-                    let title = format!("{live}{}", tab.run.name);
-                    if ui.selectable_label(i == self.active, title).clicked() {
-                        self.active = i;
+        egui::Panel::top("top_bar").frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(
+            ui,
+            |ui| {
+                ui.horizontal_wrapped(|ui| {
+                    ui.strong("cachalot");
+                    if ui.button("Open…").clicked() {
+                        self.open_files(ui.ctx());
                     }
-                    if ui.small_button("×").on_hover_text(format!("close {}", tab.run.name)).clicked() {
-                        close = Some(i);
+                    if ui.button("Run experiment…").clicked() {
+                        self.run_dialog.open = true;
                     }
-                }
-                for l in &self.loading {
-                    ui.add(
-                        egui::ProgressBar::new(l.progress.fraction())
-                            .desired_width(140.0)
-                            .text(format!("loading {}", l.name)),
-                    );
-                }
-                if let Some(i) = close {
-                    if let Some(live) = &self.tabs[i].live {
-                        live.request_stop();
+                    let replayable =
+                        self.active_tab().is_some_and(|t| matches!(t.run.kind, RunKind::Torch { .. }) && !t.run.live);
+                    if ui
+                        .add_enabled(replayable, egui::Button::new("Replay through cachalot"))
+                        .on_hover_text(
+                            "replay this PyTorch trace through cachalot's allocator on the simulator, to compare",
+                        )
+                        .clicked()
+                    {
+                        self.replay_active();
                     }
-                    self.tabs.remove(i);
-                    self.active = self.active.min(self.tabs.len().saturating_sub(1));
-                }
-            });
-            if !self.tabs.is_empty() {
-                ui.horizontal(|ui| {
-                    for v in View::ALL {
-                        ui.selectable_value(&mut self.view, v, v.title());
+                    ui.separator();
+                    let mut close = None;
+                    for (i, tab) in self.tabs.iter().enumerate() {
+                        let live = if tab.live.is_some() { "⏺ " } else { "" };
+                        let title = format!("{live}{}", tab.run.name);
+                        if ui.selectable_label(i == self.active, title).clicked() {
+                            self.active = i;
+                        }
+                        if ui.small_button("×").on_hover_text(format!("close {}", tab.run.name)).clicked() {
+                            close = Some(i);
+                        }
                     }
-                    if let Some(tab) = self.tabs.get(self.active) {
-                        ui.separator();
-                        run_info(ui, tab);
+                    for l in &self.loading {
+                        ui.add(
+                            egui::ProgressBar::new(l.progress.fraction())
+                                .desired_width(140.0)
+                                .text(format!("loading {}", l.name)),
+                        );
+                    }
+                    if let Some(i) = close {
+                        if let Some(live) = &self.tabs[i].live {
+                            live.request_stop();
+                        }
+                        self.tabs.remove(i);
+                        self.active = self.active.min(self.tabs.len().saturating_sub(1));
                     }
                 });
-            }
-        });
+                if !self.tabs.is_empty() {
+                    ui.horizontal(|ui| {
+                        for v in View::ALL {
+                            ui.selectable_value(&mut self.view, v, v.title());
+                        }
+                        if let Some(tab) = self.tabs.get(self.active) {
+                            ui.separator();
+                            run_info(ui, tab);
+                        }
+                    });
+                }
+            },
+        );
     }
 
     fn bottom_bar(&mut self, ui: &mut egui::Ui) {
         if self.notices.is_empty() {
             return;
         }
-        egui::Panel::bottom("notices").frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(ui, |ui| {
-            let mut dismiss = None;
-            let first = self.notices.len().saturating_sub(4);
-            for (i, notice) in self.notices.iter().enumerate().skip(first) {
-                ui.horizontal(|ui| {
-                    if ui.small_button("dismiss").clicked() {
-                        dismiss = Some(i);
-                    }
-                    let color = if notice.error { format::series::OOM } else { ui.visuals().text_color() };
-                    ui.colored_label(color, notice.text.as_str());
-                });
-            }
-            if let Some(i) = dismiss {
-                self.notices.remove(i);
-            }
-        });
+        egui::Panel::bottom("notices").frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(
+            ui,
+            |ui| {
+                let mut dismiss = None;
+                let first = self.notices.len().saturating_sub(4);
+                for (i, notice) in self.notices.iter().enumerate().skip(first) {
+                    ui.horizontal(|ui| {
+                        if ui.small_button("dismiss").clicked() {
+                            dismiss = Some(i);
+                        }
+                        let color = if notice.error { style::series::OOM } else { ui.visuals().text_color() };
+                        ui.colored_label(color, notice.text.as_str());
+                    });
+                }
+                if let Some(i) = dismiss {
+                    self.notices.remove(i);
+                }
+            },
+        );
     }
 
     fn welcome(&mut self, ui: &mut egui::Ui) {
@@ -642,7 +625,7 @@ impl ViewerApp {
                     }
                 }
                 if let Some(error) = &dialog.error {
-                    ui.colored_label(format::series::OOM, error);
+                    ui.colored_label(style::series::OOM, error);
                 }
             });
             if let Some(backend) = start {
@@ -666,7 +649,7 @@ impl ViewerApp {
         let Some(tab) = self.tabs.get_mut(self.active) else { return };
         let mut moved = None;
         egui::Panel::top("timeline_panel")
-            .frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
+            .frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
             .resizable(true)
             .default_size(230.0)
             .min_size(120.0)
@@ -692,15 +675,16 @@ impl ViewerApp {
         } = tab;
         let state = run.seek(cache, *cursor);
         let mut go = None;
-        egui::CentralPanel::default().frame(panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(ui, |ui| {
-            match self.view {
+        egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
+            ui,
+            |ui| match self.view {
                 View::Segments => go = segments::ui(ui, run, state, map),
                 View::Pools => pools::ui(ui, state, pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
                 View::Compare => {}
-            }
-        });
+            },
+        );
         if let Some(g) = go {
             *cursor = g.min(run.end());
         }
@@ -721,22 +705,22 @@ fn run_info(ui: &mut egui::Ui, tab: &RunTab) {
     }
     match &run.verification {
         Verification::Matches { segments, blocks } => {
-            ui.colored_label(format::series::RESERVED, "✔ end state matches the file").on_hover_text(format!(
+            ui.colored_label(style::series::RESERVED, "✔ end state matches the file").on_hover_text(format!(
                 "rebuilt {segments} segments and {blocks} blocks, all equal to the recorded ones"
             ));
         }
         Verification::Differs(message) => {
-            ui.colored_label(format::series::OOM, "⚠ end state differs").on_hover_text(message.as_str());
+            ui.colored_label(style::series::OOM, "⚠ end state differs").on_hover_text(message.as_str());
         }
         Verification::Unavailable => {}
     }
     if run.initial_inferred {
-        ui.colored_label(format::series::ACTIVE, "⚠ trace starts mid-run: initial state inferred")
+        ui.colored_label(style::series::ACTIVE, "⚠ trace starts mid-run: initial state inferred")
             .on_hover_text("earlier entries were dropped (ring buffer); the state before the first entry was rebuilt backwards from the end state");
     }
     if run.anomaly_count > 0 {
         let list: Vec<String> = run.anomalies.iter().take(10).map(|a| format!("#{}: {}", a.index, a.message)).collect();
-        ui.colored_label(format::series::OOM, format!("{} entries did not fit", run.anomaly_count))
+        ui.colored_label(style::series::OOM, format!("{} entries did not fit", run.anomaly_count))
             .on_hover_text(list.join("\n"));
     }
 }
@@ -777,7 +761,7 @@ impl eframe::App for ViewerApp {
         self.show(ui);
     }
 
-    /// The panels' colour, which shows where they paint no fill of their own (see [`panel_frame`]).
+    /// The panels' colour, which shows where they paint no fill of their own (see [`style::panel_frame`]).
     fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
         visuals.panel_fill.to_normalized_gamma_f32()
     }

@@ -6,6 +6,7 @@ use egui_plot::{LineStyle, VLine};
 use crate::app::RunTab;
 use crate::format;
 use crate::segments::{self, SegmentMapState};
+use crate::style;
 use crate::timeline::{add_series, memory_plot, outline};
 
 /// How the cursor of the second run follows the first.
@@ -113,8 +114,8 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                 let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
                 let (bx0, bx1) = (x0 / scale_b, x1 / scale_b);
                 let counters = [
-                    ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, format::series::RESERVED),
-                    ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, format::series::ALLOCATED),
+                    ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, style::series::RESERVED),
+                    ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, style::series::ALLOCATED),
                 ];
                 for (label, series_a, series_b, color) in counters {
                     let a_outline = outline(series_a, plot_ui, x0, x1);
@@ -123,7 +124,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                     let b_name = format!("B {label} — {}", names.1);
                     add_series(plot_ui, b_name, b_outline, color.gamma_multiply(0.8), LineStyle::dashed_dense());
                 }
-                plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
+                plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
                 let response = plot_ui.response();
                 if response.dragged() || response.clicked() {
                     crate::timeline::pointer_entry(plot_ui).map(|p| p.x.round().clamp(0.0, end_a as f64) as usize)
@@ -156,9 +157,9 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
     ui.horizontal(|ui| {
         ui.strong("memory_stats()");
         if differing == 0 {
-            ui.colored_label(format::series::RESERVED, "all 122 keys equal at the cursor");
+            ui.colored_label(style::series::RESERVED, "all 122 keys equal at the cursor");
         } else {
-            ui.colored_label(format::series::OOM, format!("{differing} keys differ at the cursor"));
+            ui.colored_label(style::series::OOM, format!("{differing} keys differ at the cursor"));
         }
     });
     egui::ScrollArea::vertical().id_salt("compare_stats").max_height(150.0).show(ui, |ui| {
@@ -181,7 +182,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                 if delta == 0 {
                     ui.label("0");
                 } else {
-                    ui.colored_label(format::series::OOM, show(delta));
+                    ui.colored_label(style::series::OOM, show(delta));
                 }
                 ui.end_row();
             }

@@ -7,6 +7,7 @@
 //!   fast from checkpoints;
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
 //! - [`live`]: experiments that stream their trace into the viewer while they run;
+//! - [`format`] and [`style`]: how numbers read and how things look, for every panel;
 //! - [`app`]: [`app::ViewerApp`], which holds all state, and one module per panel:
 //!   [`timeline`], [`segments`], [`pools`], [`stats`], [`events`], [`compare`];
 //! - natively, [`native`]: the window, headless screenshots and the benchmark; in the
@@ -24,6 +25,7 @@ pub mod model;
 pub mod pools;
 pub mod segments;
 pub mod stats;
+pub mod style;
 pub mod timeline;
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -49,7 +49,7 @@ impl OpenDialog {
                 }
             });
             if let Some(e) = &self.error {
-                ui.colored_label(crate::format::series::OOM, e);
+                ui.colored_label(crate::style::series::OOM, e);
             }
             let dir = PathBuf::from(self.path.trim());
             let dir = if dir.is_dir() { dir } else { dir.parent().map(Path::to_path_buf).unwrap_or_default() };
