@@ -92,9 +92,9 @@ pub fn run(args: &ViewArgs) -> Outcome {
             if app.tabs.is_empty() {
                 return Err(Failure::input(anyhow!("nothing could be opened")));
             }
-            if view == View::Compare && app.tabs.len() >= 2 {
-                app.compare.a = 0;
-                app.compare.b = 1;
+            if view == View::SideBySide && app.tabs.len() >= 2 {
+                app.side_by_side.a = 0;
+                app.side_by_side.b = 1;
             }
             let options = ScreenshotOptions { size, view, cursor: args.cursor, pixels_per_point: args.scale };
             screenshot(app, &options, out).map_err(|e| Failure::input(anyhow!(e)))?;

@@ -47,15 +47,15 @@ fn plot_point(harness: &Harness<'_, ViewerApp>, fraction: f32) -> (Pos2, usize) 
 fn render(view: View) {
     let cursor = 40;
     let mut runs = vec![common::fixed_run(false)];
-    if view == View::Compare {
+    if view == View::SideBySide {
         runs.push(common::fixed_run(true));
     }
     let mut app = app_with(runs, view);
     for tab in &mut app.tabs {
         tab.cursor = cursor;
     }
-    app.compare.a = 0;
-    app.compare.b = 1;
+    app.side_by_side.a = 0;
+    app.side_by_side.b = 1;
     app.active = 0;
     let mut harness = harness(app, SIZE, 1.0, true);
     harness.run_steps(4);
@@ -84,7 +84,7 @@ fn the_event_list_renders() {
 
 #[test]
 fn the_comparison_renders() {
-    render(View::Compare);
+    render(View::SideBySide);
 }
 
 #[test]

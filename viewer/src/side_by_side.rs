@@ -1,12 +1,13 @@
-//! Two runs side by side with linked cursors: e.g. one experiment on CUDA and on wgpu, or
-//! PyTorch's recorded trace and cachalot's replay of it.
+//! Two runs side by side with linked cursors (the "Compare" tab): e.g. one experiment on CUDA
+//! and on wgpu, or PyTorch's recorded trace and cachalot's replay of it. Both timelines in one
+//! plot, the `memory_stats()` keys that differ at the cursors, both segment maps.
 
 use egui_plot::{LineStyle, VLine};
 
-use crate::app::RunTab;
 use crate::format;
 use crate::segments::{self, SegmentMapState};
 use crate::style;
+use crate::tabs::RunTab;
 use crate::timeline::{add_series, memory_plot, outline};
 
 /// How the cursor of the second run follows the first.
@@ -18,9 +19,9 @@ pub enum Link {
     Fraction,
 }
 
-/// What the compare panel remembers.
+/// What the side-by-side panel remembers.
 #[derive(Clone, Debug)]
-pub struct CompareState {
+pub struct SideBySideState {
     /// Index of the first run.
     pub a: usize,
     /// Index of the second run.
@@ -33,9 +34,9 @@ pub struct CompareState {
     pub maps: [SegmentMapState; 2],
 }
 
-impl Default for CompareState {
+impl Default for SideBySideState {
     fn default() -> Self {
-        CompareState {
+        SideBySideState {
             a: 0,
             b: 1,
             link: Link::Entry,
@@ -45,7 +46,7 @@ impl Default for CompareState {
     }
 }
 
-impl CompareState {
+impl SideBySideState {
     /// Where the second run's cursor goes for cursor `a` of the first.
     pub fn linked(&self, a: usize, end_a: usize, end_b: usize) -> usize {
         match self.link {
@@ -67,8 +68,8 @@ fn run_picker(ui: &mut egui::Ui, label: &str, tabs: &[RunTab], index: &mut usize
         });
 }
 
-/// Shows the comparison; `tabs` are all open runs.
-pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
+/// Shows two of `tabs` (all open runs) side by side.
+pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
     if tabs.len() < 2 {
         ui.add_space(20.0);
         ui.label("Open two runs to compare them (e.g. a PyTorch trace and its cachalot replay from the \"Replay through cachalot\" button).");
