@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
+use cachalot_viewer::live::default_experiments;
 use cachalot_viewer::native::{ScreenshotOptions, WindowRenderer, bench, generate_trace, run_window, screenshot};
 use cachalot_viewer::{View, ViewerApp};
 
@@ -76,7 +77,7 @@ pub fn run(args: &ViewArgs) -> Outcome {
     let view = View::from_name(&args.view).ok_or_else(|| {
         Failure::input(anyhow!("--view {}: expected segments, pools, stats, events or compare", args.view))
     })?;
-    let mut app = ViewerApp::new();
+    let mut app = ViewerApp::new().with_experiments(default_experiments());
     for file in &args.files {
         app.open_path(file);
     }

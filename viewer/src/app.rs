@@ -11,7 +11,7 @@
 
 use crate::dialogs::RunDialog;
 use crate::events;
-use crate::live::{Experiment, LiveRun, default_experiments};
+use crate::live::{Experiment, LiveRun};
 use crate::loading::{self, Loaded, Loader};
 use crate::model::{Run, RunKind, Verification};
 use crate::notices::{self, Notice};
@@ -53,7 +53,10 @@ impl Default for ViewerApp {
 }
 
 impl ViewerApp {
-    /// An empty viewer offering the simulator experiments.
+    /// An empty viewer that offers no experiments: a host hands it those it can run with
+    /// [`ViewerApp::with_experiments`] (the `cachalot view` window and the web page give it the
+    /// simulator's, [`crate::live::default_experiments`]). "Run experiment…" is always there;
+    /// with none given, its dialog says so.
     pub fn new() -> Self {
         ViewerApp {
             tabs: Vec::new(),
@@ -62,7 +65,7 @@ impl ViewerApp {
             side_by_side: SideBySideState::default(),
             notices: Vec::new(),
             loader: Loader::default(),
-            experiments: default_experiments(),
+            experiments: Vec::new(),
             run_dialog: RunDialog::default(),
             #[cfg(not(target_arch = "wasm32"))]
             open_dialog: crate::dialogs::OpenDialog::default(),
@@ -70,7 +73,8 @@ impl ViewerApp {
         }
     }
 
-    /// Offers these experiments in "Run experiment" (after the simulator's).
+    /// Offers these experiments in "Run experiment", after those given before: the one way
+    /// experiments reach the viewer.
     pub fn with_experiments(mut self, experiments: Vec<Box<dyn Experiment>>) -> Self {
         self.experiments.extend(experiments);
         self

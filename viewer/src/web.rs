@@ -1,10 +1,11 @@
-//! The browser: eframe's web runner on a canvas, opening the files named in the page's address
-//! (`?open=trace.pickle&open=run.json`, fetched from the same server). The file picker and
-//! dropped files are the app's loader's.
+//! The browser: eframe's web runner on a canvas, offering the simulator's experiments and
+//! opening the files named in the page's address (`?open=trace.pickle&open=run.json`, fetched
+//! from the same server). The file picker and dropped files are the app's loader's.
 
 use wasm_bindgen::prelude::*;
 
 use crate::app::ViewerApp;
+use crate::live::default_experiments;
 
 /// The `open=` parameters of the page's address.
 fn requested_files() -> Vec<String> {
@@ -38,7 +39,7 @@ impl WebHandle {
                 eframe::WebOptions::default(),
                 Box::new(|cc| {
                     ViewerApp::setup(&cc.egui_ctx);
-                    let app = ViewerApp::new();
+                    let app = ViewerApp::new().with_experiments(default_experiments());
                     for url in requested_files() {
                         app.fetch(url, cc.egui_ctx.clone());
                     }
