@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
+use cachalot_viewer::live::default_experiments;
 use cachalot_viewer::native::{ScreenshotOptions, WindowRenderer, bench, generate_trace, run_window, screenshot};
 use cachalot_viewer::{View, ViewerApp};
 
@@ -76,7 +77,7 @@ pub fn run(args: &ViewArgs) -> Outcome {
     let view = View::from_name(&args.view).ok_or_else(|| {
         Failure::input(anyhow!("--view {}: expected segments, pools, stats, events or compare", args.view))
     })?;
-    let mut app = ViewerApp::new();
+    let mut app = ViewerApp::new().with_experiments(default_experiments());
     for file in &args.files {
         app.open_path(file);
     }
@@ -92,9 +93,9 @@ pub fn run(args: &ViewArgs) -> Outcome {
             if app.tabs.is_empty() {
                 return Err(Failure::input(anyhow!("nothing could be opened")));
             }
-            if view == View::Compare && app.tabs.len() >= 2 {
-                app.compare.a = 0;
-                app.compare.b = 1;
+            if view == View::SideBySide && app.tabs.len() >= 2 {
+                app.side_by_side.a = 0;
+                app.side_by_side.b = 1;
             }
             let options = ScreenshotOptions { size, view, cursor: args.cursor, pixels_per_point: args.scale };
             screenshot(app, &options, out).map_err(|e| Failure::input(anyhow!(e)))?;

@@ -1,130 +1,27 @@
-//! The app: all state in [`ViewerApp`], one module per panel.
+//! The app: [`ViewerApp`], the one owner of the viewer's state, and its frame loop. What each
+//! part of the window does is its module's: [`crate::tabs`] (open runs, the tab strip, the view
+//! picker), `loading` (files loaded off the UI path), `dialogs`, the panels
+//! ([`crate::timeline`], [`crate::segments`], [`crate::pools`], [`crate::stats`],
+//! [`crate::events`], [`crate::side_by_side`]), [`crate::notices`] and [`crate::style`]. None of
+//! them imports this module: the app hands each the part of its state that it draws.
 //!
 //! Heavy work stays off the UI path: files are parsed and their runs built on a thread
 //! (natively) or on the frame after they were picked (in the browser, which has no threads),
 //! and moving the cursor only replays from the nearest checkpoint ([`crate::model`]).
 
-use crate::compare::{self, CompareState};
-use crate::events::{self, EventsState};
-use crate::format;
-use crate::live::{Experiment, LiveEvent, LiveRun, default_experiments};
-use crate::load::{Progress, load_bytes};
-use crate::model::{Rules, Run, RunKind, StateCache, Verification};
-use crate::pools::{self, PoolsState};
-use crate::segments::{self, SegmentMapState};
-use crate::stats::{self, StatsState};
-use crate::timeline::{self, TimelineState};
-
-/// The panel under the timeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum View {
-    /// The segment map at the cursor.
-    Segments,
-    /// Pools, largest free block, free-block histogram.
-    Pools,
-    /// `memory_stats()` and `memory_summary()`.
-    Stats,
-    /// The trace as a list.
-    Events,
-    /// Two runs side by side.
-    Compare,
-}
-
-impl View {
-    /// Every view, in tab order.
-    pub const ALL: [View; 5] = [View::Segments, View::Pools, View::Stats, View::Events, View::Compare];
-
-    /// The tab's title.
-    pub fn title(self) -> &'static str {
-        match self {
-            View::Segments => "Segments",
-            View::Pools => "Pools",
-            View::Stats => "Stats",
-            View::Events => "Events",
-            View::Compare => "Compare",
-        }
-    }
-
-    /// Parses a title, case-insensitively.
-    pub fn from_name(name: &str) -> Option<Self> {
-        View::ALL.into_iter().find(|v| v.title().eq_ignore_ascii_case(name))
-    }
-}
-
-/// One open run and everything the panels remember about it.
-pub struct RunTab {
-    /// The run.
-    pub run: Run,
-    /// Cursor position: the state after this many entries.
-    pub cursor: usize,
-    /// The state at the cursor.
-    pub cache: StateCache,
-    /// Timeline settings.
-    pub timeline: TimelineState,
-    /// Segment map settings and selection.
-    pub segments: SegmentMapState,
-    /// Pools panel settings.
-    pub pools: PoolsState,
-    /// Event list filter.
-    pub events: EventsState,
-    /// Stats panel settings.
-    pub stats: StatsState,
-    /// The experiment feeding a live run.
-    pub live: Option<LiveRun>,
-}
-
-impl RunTab {
-    /// A tab for `run` with the cursor at its end.
-    pub fn new(run: Run) -> Self {
-        let cursor = run.end();
-        RunTab {
-            run,
-            cursor,
-            cache: StateCache::default(),
-            timeline: TimelineState::default(),
-            segments: SegmentMapState::default(),
-            pools: PoolsState::default(),
-            events: EventsState::default(),
-            stats: StatsState::default(),
-            live: None,
-        }
-    }
-}
-
-/// A message shown at the bottom of the window.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Notice {
-    /// The text.
-    pub text: String,
-    /// An error (red) rather than information.
-    pub error: bool,
-}
-
-type LoadResult = Result<Vec<Run>, String>;
-
-/// A load to run on a later frame (in the browser).
-#[cfg(target_arch = "wasm32")]
-type LoadJob = Box<dyn FnOnce(&Progress) -> LoadResult>;
-
-/// A file being loaded.
-struct Loading {
-    name: String,
-    progress: Progress,
-    #[cfg(not(target_arch = "wasm32"))]
-    receiver: std::sync::mpsc::Receiver<LoadResult>,
-    /// In the browser: the bytes, parsed on a later frame (so "loading" is drawn first).
-    #[cfg(target_arch = "wasm32")]
-    job: Option<LoadJob>,
-}
-
-/// The "Run experiment" window.
-#[derive(Debug, Default)]
-struct RunDialog {
-    open: bool,
-    experiment: usize,
-    backend: usize,
-    error: Option<String>,
-}
+use crate::dialogs::RunDialog;
+use crate::events;
+use crate::live::{Experiment, LiveRun};
+use crate::loading::{self, Loaded, Loader};
+use crate::model::{Run, RunKind, Verification};
+use crate::notices::{self, Notice};
+use crate::pools;
+use crate::segments;
+use crate::side_by_side::{self, SideBySideState};
+use crate::stats;
+use crate::style;
+use crate::tabs::{self, RunTab, View};
+use crate::timeline;
 
 /// The viewer.
 pub struct ViewerApp {
@@ -134,42 +31,19 @@ pub struct ViewerApp {
     pub active: usize,
     /// The panel under the timeline.
     pub view: View,
-    /// The compare panel.
-    pub compare: CompareState,
+    /// The side-by-side panel (the "Compare" tab).
+    pub side_by_side: SideBySideState,
     /// Messages at the bottom (load errors, finished runs).
     pub notices: Vec<Notice>,
-    loading: Vec<Loading>,
+    loader: Loader,
     experiments: Vec<Box<dyn Experiment>>,
     run_dialog: RunDialog,
     #[cfg(not(target_arch = "wasm32"))]
-    open_dialog: crate::native::OpenDialog,
-    #[cfg(target_arch = "wasm32")]
-    inbox: crate::web::Inbox,
+    open_dialog: crate::dialogs::OpenDialog,
     /// Drawn by a software rasterizer (Mesa's llvmpipe or lavapipe on a machine without a GPU): the panels
     /// then paint no fill and the window is cleared to their colour instead (see
-    /// [`panel_frame`]).
+    /// [`style::panel_frame`]).
     pub software_rendering: bool,
-}
-
-/// Where [`ViewerApp::show`] tells the views whether a software rasterizer draws them.
-fn software_rendering_id() -> egui::Id {
-    egui::Id::unique("cachalot_software_rendering")
-}
-
-/// A panel's `frame`, without its fill when a software rasterizer draws the window. There, one
-/// pass over a 1400×900 window takes about 40 ms on two cores through wgpu on lavapipe (about
-/// 5 ms through OpenGL on llvmpipe, which the window uses there: `native::WindowRenderer`), and the
-/// panels' fills cover the whole window: without them an empty window draws at 150 frames/s
-/// instead of 17. The window is cleared to the same colour ([`eframe::App::clear_color`]), which
-/// costs nothing; what is lost is the fade at the edges of scroll areas, which takes its colour
-/// from the fill.
-pub(crate) fn panel_frame(ui: &egui::Ui, frame: egui::Frame) -> egui::Frame {
-    if software_rendering(ui.ctx()) { frame.fill(egui::Color32::TRANSPARENT) } else { frame }
-}
-
-/// Whether a software rasterizer draws the window, where every filled pixel counts.
-pub(crate) fn software_rendering(ctx: &egui::Context) -> bool {
-    ctx.data(|d| d.get_temp::<bool>(software_rendering_id())).unwrap_or(false)
 }
 
 impl Default for ViewerApp {
@@ -179,26 +53,28 @@ impl Default for ViewerApp {
 }
 
 impl ViewerApp {
-    /// An empty viewer offering the simulator experiments.
+    /// An empty viewer that offers no experiments: a host hands it those it can run with
+    /// [`ViewerApp::with_experiments`] (the `cachalot view` window and the web page give it the
+    /// simulator's, [`crate::live::default_experiments`]). "Run experiment…" is always there;
+    /// with none given, its dialog says so.
     pub fn new() -> Self {
         ViewerApp {
             tabs: Vec::new(),
             active: 0,
             view: View::Segments,
-            compare: CompareState::default(),
+            side_by_side: SideBySideState::default(),
             notices: Vec::new(),
-            loading: Vec::new(),
-            experiments: default_experiments(),
+            loader: Loader::default(),
+            experiments: Vec::new(),
             run_dialog: RunDialog::default(),
             #[cfg(not(target_arch = "wasm32"))]
-            open_dialog: crate::native::OpenDialog::default(),
-            #[cfg(target_arch = "wasm32")]
-            inbox: crate::web::Inbox::default(),
+            open_dialog: crate::dialogs::OpenDialog::default(),
             software_rendering: false,
         }
     }
 
-    /// Offers these experiments in "Run experiment" (after the simulator's).
+    /// Offers these experiments in "Run experiment", after those given before: the one way
+    /// experiments reach the viewer.
     pub fn with_experiments(mut self, experiments: Vec<Box<dyn Experiment>>) -> Self {
         self.experiments.extend(experiments);
         self
@@ -206,23 +82,17 @@ impl ViewerApp {
 
     /// Sets up fonts and style for an eframe creation context.
     pub fn setup(ctx: &egui::Context) {
-        ctx.set_theme(egui::Theme::Dark);
-        ctx.global_style_mut(|style| {
-            style.spacing.item_spacing = egui::vec2(6.0, 4.0);
-        });
+        style::setup(ctx);
     }
 
     /// Adds already built runs as tabs (the last one becomes active).
     pub fn add_runs(&mut self, runs: Vec<Run>) {
         for run in runs {
             for anomaly in run.anomalies.iter().take(1) {
-                self.notices.push(Notice {
-                    text: format!(
-                        "{}: {} entries did not fit, first at #{}: {}",
-                        run.name, run.anomaly_count, anomaly.index, anomaly.message
-                    ),
-                    error: true,
-                });
+                self.notices.push(Notice::error(format!(
+                    "{}: {} entries did not fit, first at #{}: {}",
+                    run.name, run.anomaly_count, anomaly.index, anomaly.message
+                )));
             }
             self.tabs.push(RunTab::new(run));
             self.active = self.tabs.len() - 1;
@@ -232,80 +102,53 @@ impl ViewerApp {
     /// Starts loading the bytes of a file called `name` (off the UI thread where there are
     /// threads).
     pub fn open_bytes(&mut self, name: impl Into<String>, bytes: Vec<u8>) {
-        let name = name.into();
-        let job_name = name.clone();
-        self.spawn(name, move |progress| load_bytes(&job_name, &bytes, progress).map_err(|e| e.to_string()));
-    }
-
-    /// Runs `job` on a thread (natively) or on the next frame (in the browser).
-    fn spawn(&mut self, name: String, job: impl FnOnce(&Progress) -> LoadResult + Send + 'static) {
-        let progress = Progress::default();
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let (sender, receiver) = std::sync::mpsc::channel();
-            let p = progress.clone();
-            let spawned = std::thread::Builder::new().name(format!("load {name}")).spawn(move || {
-                let _ = sender.send(job(&p));
-            });
-            if let Err(e) = spawned {
-                self.notices.push(Notice { text: format!("{name}: cannot start a thread: {e}"), error: true });
-                return;
-            }
-            self.loading.push(Loading { name, progress, receiver });
-        }
-        #[cfg(target_arch = "wasm32")]
-        self.loading.push(Loading { name, progress, job: Some(Box::new(job)) });
+        let started = self.loader.open_bytes(name.into(), bytes);
+        self.notice_failure(started);
     }
 
     /// Opens a file by path (natively).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_path(&mut self, path: impl Into<std::path::PathBuf>) {
-        let path = path.into();
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let job_name = name.clone();
-        self.spawn(name, move |progress| {
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-            load_bytes(&job_name, &bytes, progress).map_err(|e| e.to_string())
-        });
+        let started = self.loader.open_path(path.into());
+        self.notice_failure(started);
+    }
+
+    /// Fetches a file from the page's server and opens it (in the browser).
+    #[cfg(target_arch = "wasm32")]
+    pub fn fetch(&self, url: String, ctx: egui::Context) {
+        self.loader.fetch(url, &ctx);
     }
 
     /// Waits until every load has finished (for the command line and tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_loads(&mut self) {
-        for loading in std::mem::take(&mut self.loading) {
-            let result = loading.receiver.recv().unwrap_or_else(|_| Err(format!("{}: the load failed", loading.name)));
-            self.finish_load(&loading.name, result);
+        for loaded in self.loader.wait() {
+            self.finish_load(loaded);
         }
-    }
-
-    /// Where browser callbacks leave files.
-    #[cfg(target_arch = "wasm32")]
-    pub(crate) fn inbox(&self) -> &crate::web::Inbox {
-        &self.inbox
     }
 
     /// Whether files are still loading.
     pub fn is_loading(&self) -> bool {
-        !self.loading.is_empty()
+        !self.loader.is_empty()
     }
 
-    fn finish_load(&mut self, name: &str, result: LoadResult) {
-        match result {
+    /// Shows why something could not be started, if it could not.
+    fn notice_failure(&mut self, started: Result<(), String>) {
+        if let Err(message) = started {
+            self.notices.push(Notice::error(message));
+        }
+    }
+
+    fn finish_load(&mut self, loaded: Loaded) {
+        match loaded {
             Ok(runs) => self.add_runs(runs),
-            Err(message) => {
-                let text = if message.starts_with(name) { message } else { format!("{name}: {message}") };
-                self.notices.push(Notice { text, error: true });
-            }
+            Err(message) => self.notices.push(Notice::error(message)),
         }
     }
 
     /// Adds a live run fed by `live`.
     pub fn add_live(&mut self, live: LiveRun) {
-        let mut run = Run::new("starting…", RunKind::Live, Rules::default());
-        run.live = true;
-        let mut tab = RunTab::new(run);
-        tab.live = Some(live);
-        self.tabs.push(tab);
+        self.tabs.push(RunTab::live(live));
         self.active = self.tabs.len() - 1;
     }
 
@@ -333,250 +176,81 @@ impl ViewerApp {
 
     /// Polls loads and live runs (called every frame).
     pub fn poll(&mut self, ctx: &egui::Context) {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let mut finished = Vec::new();
-            self.loading.retain(|l| match l.receiver.try_recv() {
-                Ok(result) => {
-                    finished.push((l.name.clone(), result));
-                    false
-                }
-                Err(std::sync::mpsc::TryRecvError::Empty) => true,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    finished.push((l.name.clone(), Err("the load failed".into())));
-                    false
-                }
-            });
-            for (name, result) in finished {
-                self.finish_load(&name, result);
-            }
+        for loaded in self.loader.poll() {
+            self.finish_load(loaded);
         }
-        #[cfg(target_arch = "wasm32")]
-        {
-            for (name, bytes) in self.inbox.take() {
-                match bytes {
-                    Ok(bytes) => self.open_bytes(name, bytes),
-                    Err(e) => self.notices.push(Notice { text: format!("{name}: {e}"), error: true }),
-                }
-            }
-            // One job per frame, so the page stays responsive between files.
-            if let Some(mut loading) = self.loading.pop()
-                && let Some(job) = loading.job.take()
-            {
-                let result = job(&loading.progress);
-                self.finish_load(&loading.name, result);
-            }
-        }
-        self.poll_live();
-        self.take_dropped_files(ctx);
-        if !self.loading.is_empty() || self.has_live_runs() {
-            ctx.request_repaint_after(std::time::Duration::from_millis(50));
-        }
-    }
-
-    fn poll_live(&mut self) {
-        let mut notices = Vec::new();
         for tab in &mut self.tabs {
-            let Some(live) = &mut tab.live else { continue };
-            let (events, connected) = live.poll();
-            let mut done = !connected;
-            for event in events {
-                match event {
-                    LiveEvent::Start { name, device, settings } => {
-                        let rules = cachalot_core::AllocatorConfig::parse(&settings)
-                            .map(|c| Rules::from_config(&c))
-                            .unwrap_or_default();
-                        let mut run = Run::new(name, RunKind::Live, rules);
-                        run.live = true;
-                        run.source = "live experiment".into();
-                        run.device = Some(device);
-                        run.settings = settings;
-                        tab.run = run;
-                        tab.cache.clear();
-                    }
-                    LiveEvent::Stack { id, frames } => {
-                        let got = tab.run.contexts.intern(&frames);
-                        if got != id {
-                            notices.push(Notice {
-                                text: format!("{}: stack {} arrived as {}", tab.run.name, id.0, got.0),
-                                error: true,
-                            });
-                        }
-                    }
-                    LiveEvent::Entries(entries) => tab.run.extend(entries),
-                    LiveEvent::Mark(mark) => tab.run.marks.push(mark),
-                    LiveEvent::Finished(snapshot) => {
-                        if let Some(snapshot) = snapshot {
-                            tab.run.recorded_end = Some(snapshot.segments);
-                            tab.run.recorded_stats = Some(snapshot.stats);
-                        }
-                        done = true;
-                        notices.push(Notice {
-                            text: format!(
-                                "{}: finished, {} entries",
-                                tab.run.name,
-                                format::count(tab.run.trace.len() as u64)
-                            ),
-                            error: false,
-                        });
-                    }
-                    LiveEvent::Failed(message) => {
-                        done = true;
-                        notices.push(Notice { text: format!("{}: {message}", tab.run.name), error: true });
-                    }
-                }
-            }
-            if done {
-                tab.live = None;
-                tab.run.finish();
-                tab.cache.clear();
-            }
-            if tab.timeline.follow && (tab.run.live || done) {
-                tab.cursor = tab.run.end();
-            }
+            let notices = tab.poll_live();
+            self.notices.extend(notices);
         }
-        self.notices.extend(notices);
-    }
-
-    fn take_dropped_files(&mut self, ctx: &egui::Context) {
-        let dropped = ctx.input(|i| i.raw.dropped_files.clone());
-        for file in dropped {
-            #[cfg(not(target_arch = "wasm32"))]
-            {
-                let path = file.path().to_path_buf();
-                if path.as_os_str().is_empty() {
-                    match file.bytes() {
-                        Ok(bytes) => self.open_bytes("dropped file", bytes),
-                        Err(e) => self.notices.push(Notice { text: format!("dropped file: {e}"), error: true }),
-                    }
-                } else {
-                    self.open_path(path);
-                }
-            }
-            #[cfg(target_arch = "wasm32")]
-            self.inbox.read_dropped(file, ctx.clone());
+        for message in self.loader.open_dropped(ctx) {
+            self.notices.push(Notice::error(message));
+        }
+        if !self.loader.is_empty() || self.has_live_runs() {
+            ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
     }
 
     /// The whole UI (eframe's `App::ui` calls this; tests and the benchmark call it directly).
     pub fn show(&mut self, ui: &mut egui::Ui) {
         let ctx = ui.ctx().clone();
-        ctx.data_mut(|d| d.insert_temp(software_rendering_id(), self.software_rendering));
+        style::set_software_rendering(&ctx, self.software_rendering);
         self.poll(&ctx);
         self.top_bar(ui);
-        self.bottom_bar(ui);
+        notices::bottom_bar(ui, &mut self.notices);
         self.dialogs(&ctx);
         if self.tabs.is_empty() {
             egui::CentralPanel::default()
-                .frame(panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
                 .show(ui, |ui| self.welcome(ui));
         } else {
             self.active = self.active.min(self.tabs.len() - 1);
-            if self.view == View::Compare {
+            if self.view == View::SideBySide {
                 egui::CentralPanel::default()
-                    .frame(panel_frame(ui, egui::Frame::central_panel(ui.style())))
-                    .show(ui, |ui| compare::ui(ui, &mut self.tabs, &mut self.compare));
+                    .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                    .show(ui, |ui| side_by_side::ui(ui, &mut self.tabs, &mut self.side_by_side));
             } else {
                 self.run_panels(ui);
             }
         }
-        let hovering = ctx.input(|i| !i.raw.hovered_files.is_empty());
-        if hovering {
-            let painter = ctx.layer_painter(egui::LayerId::new(egui::Order::Foreground, egui::Id::unique("drop")));
-            let rect = ctx.content_rect();
-            painter.rect_filled(rect, 0, egui::Color32::from_black_alpha(180));
-            painter.text(
-                rect.center(),
-                egui::Align2::CENTER_CENTER,
-                "Drop to open",
-                egui::FontId::proportional(28.0),
-                egui::Color32::WHITE,
-            );
-        }
+        loading::drop_hint(&ctx);
     }
 
     fn top_bar(&mut self, ui: &mut egui::Ui) {
-        egui::Panel::top("top_bar").frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(ui, |ui| {
-            ui.horizontal_wrapped(|ui| {
-                ui.strong("cachalot");
-                if ui.button("Open…").clicked() {
-                    self.open_files(ui.ctx());
-                }
-                if ui.button("Run experiment…").clicked() {
-                    self.run_dialog.open = true;
-                }
-                let replayable =
-                    self.active_tab().is_some_and(|t| matches!(t.run.kind, RunKind::Torch { .. }) && !t.run.live);
-                if ui
-                    .add_enabled(replayable, egui::Button::new("Replay through cachalot"))
-                    .on_hover_text(
-                        "replay this PyTorch trace through cachalot's allocator on the simulator, to compare",
-                    )
-                    .clicked()
-                {
-                    self.replay_active();
-                }
-                ui.separator();
-                let mut close = None;
-                for (i, tab) in self.tabs.iter().enumerate() {
-                    let live = if tab.live.is_some() { "⏺ " } else { "" };
-                    let title = format!("{live}{}", tab.run.name);
-                    if ui.selectable_label(i == self.active, title).clicked() {
-                        self.active = i;
+        egui::Panel::top("top_bar").frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(
+            ui,
+            |ui| {
+                ui.horizontal_wrapped(|ui| {
+                    ui.strong("cachalot");
+                    if ui.button("Open…").clicked() {
+                        self.open_files(ui.ctx());
                     }
-                    if ui.small_button("×").on_hover_text(format!("close {}", tab.run.name)).clicked() {
-                        close = Some(i);
+                    if ui.button("Run experiment…").clicked() {
+                        self.run_dialog.open = true;
                     }
-                }
-                for l in &self.loading {
-                    ui.add(
-                        egui::ProgressBar::new(l.progress.fraction())
-                            .desired_width(140.0)
-                            .text(format!("loading {}", l.name)),
-                    );
-                }
-                if let Some(i) = close {
-                    if let Some(live) = &self.tabs[i].live {
-                        live.request_stop();
+                    let replayable =
+                        self.active_tab().is_some_and(|t| matches!(t.run.kind, RunKind::Torch { .. }) && !t.run.live);
+                    if ui
+                        .add_enabled(replayable, egui::Button::new("Replay through cachalot"))
+                        .on_hover_text(
+                            "replay this PyTorch trace through cachalot's allocator on the simulator, to compare",
+                        )
+                        .clicked()
+                    {
+                        self.replay_active();
                     }
-                    self.tabs.remove(i);
-                    self.active = self.active.min(self.tabs.len().saturating_sub(1));
-                }
-            });
-            if !self.tabs.is_empty() {
-                ui.horizontal(|ui| {
-                    for v in View::ALL {
-                        ui.selectable_value(&mut self.view, v, v.title());
-                    }
-                    if let Some(tab) = self.tabs.get(self.active) {
-                        ui.separator();
-                        run_info(ui, tab);
+                    ui.separator();
+                    let close = tabs::tab_strip(ui, &self.tabs, &mut self.active);
+                    self.loader.progress_bars(ui);
+                    if let Some(i) = close {
+                        tabs::close_tab(&mut self.tabs, &mut self.active, i);
                     }
                 });
-            }
-        });
-    }
-
-    fn bottom_bar(&mut self, ui: &mut egui::Ui) {
-        if self.notices.is_empty() {
-            return;
-        }
-        egui::Panel::bottom("notices").frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style()))).show(ui, |ui| {
-            let mut dismiss = None;
-            let first = self.notices.len().saturating_sub(4);
-            for (i, notice) in self.notices.iter().enumerate().skip(first) {
-                ui.horizontal(|ui| {
-                    if ui.small_button("dismiss").clicked() {
-                        dismiss = Some(i);
-                    }
-                    let color = if notice.error { format::series::OOM } else { ui.visuals().text_color() };
-                    ui.colored_label(color, notice.text.as_str());
-                });
-            }
-            if let Some(i) = dismiss {
-                self.notices.remove(i);
-            }
-        });
+                if !self.tabs.is_empty() {
+                    tabs::view_bar(ui, &mut self.view, self.tabs.get(self.active));
+                }
+            },
+        );
     }
 
     fn welcome(&mut self, ui: &mut egui::Ui) {
@@ -600,14 +274,15 @@ impl ViewerApp {
             self.open_dialog.open = true;
         }
         #[cfg(target_arch = "wasm32")]
-        self.inbox.pick_files(ctx.clone());
+        self.loader.pick_files(ctx);
     }
 
     fn replay_active(&mut self) {
         let Some(tab) = self.active_tab() else { return };
         let run = tab.run.clone();
         let name = format!("{} (cachalot replay)", run.name);
-        self.spawn(name, move |progress| crate::load::replay_run(&run, progress).map(|r| vec![r]));
+        let started = self.loader.spawn(name, move |progress| crate::load::replay_run(&run, progress).map(|r| vec![r]));
+        self.notice_failure(started);
     }
 
     fn dialogs(&mut self, ctx: &egui::Context) {
@@ -615,49 +290,8 @@ impl ViewerApp {
         for path in self.open_dialog.show(ctx) {
             self.open_path(path);
         }
-        if self.run_dialog.open {
-            let mut open = true;
-            let mut start = None;
-            egui::Window::new("Run experiment").open(&mut open).collapsible(false).show(ctx, |ui| {
-                let dialog = &mut self.run_dialog;
-                dialog.experiment = dialog.experiment.min(self.experiments.len().saturating_sub(1));
-                for (i, e) in self.experiments.iter().enumerate() {
-                    ui.radio_value(&mut dialog.experiment, i, e.name()).on_hover_text(e.description());
-                }
-                if let Some(e) = self.experiments.get(dialog.experiment) {
-                    ui.weak(e.description());
-                    let backends = e.backends();
-                    dialog.backend = dialog.backend.min(backends.len().saturating_sub(1));
-                    ui.horizontal(|ui| {
-                        egui::ComboBox::new("backend", "backend")
-                            .selected_text(backends.get(dialog.backend).cloned().unwrap_or_default())
-                            .show_ui(ui, |ui| {
-                                for (i, b) in backends.iter().enumerate() {
-                                    ui.selectable_value(&mut dialog.backend, i, b);
-                                }
-                            });
-                    });
-                    if ui.button("Start").clicked() {
-                        start = backends.get(dialog.backend).cloned();
-                    }
-                }
-                if let Some(error) = &dialog.error {
-                    ui.colored_label(format::series::OOM, error);
-                }
-            });
-            if let Some(backend) = start {
-                let started = self.experiments.get(self.run_dialog.experiment).map(|e| e.start(&backend, ctx));
-                match started {
-                    Some(Ok(live)) => {
-                        self.add_live(live);
-                        self.run_dialog.error = None;
-                        open = false;
-                    }
-                    Some(Err(e)) => self.run_dialog.error = Some(e),
-                    None => {}
-                }
-            }
-            self.run_dialog.open = open;
+        if let Some(live) = self.run_dialog.show(ctx, &self.experiments) {
+            self.add_live(live);
         }
     }
 
@@ -666,7 +300,7 @@ impl ViewerApp {
         let Some(tab) = self.tabs.get_mut(self.active) else { return };
         let mut moved = None;
         egui::Panel::top("timeline_panel")
-            .frame(panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
+            .frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
             .resizable(true)
             .default_size(230.0)
             .min_size(120.0)
@@ -692,56 +326,21 @@ impl ViewerApp {
         } = tab;
         let state = run.seek(cache, *cursor);
         let mut go = None;
-        egui::CentralPanel::default().frame(panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(ui, |ui| {
-            match self.view {
+        egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
+            ui,
+            |ui| match self.view {
                 View::Segments => go = segments::ui(ui, run, state, map),
                 View::Pools => pools::ui(ui, state, pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
-                View::Compare => {}
-            }
-        });
+                View::SideBySide => {}
+            },
+        );
         if let Some(g) = go {
             *cursor = g.min(run.end());
         }
     }
-}
 
-/// One line about the run: where it came from and whether its rebuilt state checks out.
-fn run_info(ui: &mut egui::Ui, tab: &RunTab) {
-    let run = &tab.run;
-    let device = match (&run.device, &run.kind) {
-        (Some(d), _) => format!("{} ({})", d.name, d.backend),
-        (None, RunKind::Torch { device }) => format!("recorded by PyTorch, device {device}"),
-        (None, _) => "device unknown".into(),
-    };
-    ui.label(format!("{} entries · {device}", format::count(run.trace.len() as u64)));
-    if !run.settings.is_empty() {
-        ui.monospace(run.settings.as_str());
-    }
-    match &run.verification {
-        Verification::Matches { segments, blocks } => {
-            ui.colored_label(format::series::RESERVED, "✔ end state matches the file").on_hover_text(format!(
-                "rebuilt {segments} segments and {blocks} blocks, all equal to the recorded ones"
-            ));
-        }
-        Verification::Differs(message) => {
-            ui.colored_label(format::series::OOM, "⚠ end state differs").on_hover_text(message.as_str());
-        }
-        Verification::Unavailable => {}
-    }
-    if run.initial_inferred {
-        ui.colored_label(format::series::ACTIVE, "⚠ trace starts mid-run: initial state inferred")
-            .on_hover_text("earlier entries were dropped (ring buffer); the state before the first entry was rebuilt backwards from the end state");
-    }
-    if run.anomaly_count > 0 {
-        let list: Vec<String> = run.anomalies.iter().take(10).map(|a| format!("#{}: {}", a.index, a.message)).collect();
-        ui.colored_label(format::series::OOM, format!("{} entries did not fit", run.anomaly_count))
-            .on_hover_text(list.join("\n"));
-    }
-}
-
-impl ViewerApp {
     /// What the viewer shows, as JSON: open runs (name, entries, cursor, whether the end state
     /// verified, whether the timeline was drawn), files loading and notices. For scripts that
     /// drive the web build, and for logs.
@@ -765,7 +364,7 @@ impl ViewerApp {
             "tabs": tabs,
             "active": self.active,
             "view": self.view.title(),
-            "loading": self.loading.len(),
+            "loading": self.loader.len(),
             "notices": notices,
         })
         .to_string()
@@ -777,7 +376,8 @@ impl eframe::App for ViewerApp {
         self.show(ui);
     }
 
-    /// The panels' colour, which shows where they paint no fill of their own (see [`panel_frame`]).
+    /// The panels' colour, which shows where they paint no fill of their own (see
+    /// [`style::panel_frame`]).
     fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
         visuals.panel_fill.to_normalized_gamma_f32()
     }

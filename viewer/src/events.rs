@@ -5,6 +5,7 @@ use cachalot_core::{StreamId, TraceAction};
 
 use crate::format;
 use crate::model::Run;
+use crate::style;
 
 /// Height of a list row.
 const ROW_HEIGHT: f32 = 16.0;
@@ -172,7 +173,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, cursor: usize, state: &mut EventsState) 
                     ui.painter().rect_filled(rect, 2, visuals.widgets.hovered.weak_bg_fill);
                 }
                 let color =
-                    if selected { visuals.strong_text_color() } else { format::action_color(run.trace[i].action) };
+                    if selected { visuals.strong_text_color() } else { style::action_color(run.trace[i].action) };
                 ui.painter().text(
                     rect.left_center() + egui::vec2(4.0, 0.0),
                     egui::Align2::LEFT_CENTER,

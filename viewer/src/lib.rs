@@ -3,27 +3,40 @@
 //! See the pools of PyTorch's caching allocator — and of cachalot on any GPU — in an
 //! egui/eframe app that runs on the desktop and in the browser.
 //!
+//! - [`format`] and [`style`]: how numbers read and how things look, for every panel;
 //! - [`model`]: a loaded run and the allocator's state at any point of its trace, rebuilt
 //!   fast from checkpoints;
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
 //! - [`live`]: experiments that stream their trace into the viewer while they run;
-//! - [`app`]: [`app::ViewerApp`], which holds all state, and one module per panel:
-//!   [`timeline`], [`segments`], [`pools`], [`stats`], [`events`], [`compare`];
+//! - the panels of one run, each a module with a `ui` function: [`timeline`], [`segments`],
+//!   [`pools`], [`stats`], [`events`]; and [`notices`], the messages at the bottom;
+//! - [`tabs`]: the open runs ([`tabs::RunTab`]), the panel shown ([`View`]) and the tab bar;
+//! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab);
+//! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
+//!   both private to the app;
+//! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
 //! - natively, [`native`]: the window, headless screenshots and the benchmark; in the
-//!   browser, `web`: the page's entry point and file picker.
+//!   browser, `web`: the page's entry point.
 //!
-//! The `cachalot` command line is this crate's binary (`cachalot view`, `cachalot serve`).
+//! Each module imports only modules listed before it: no panel imports [`app`]. The `cachalot`
+//! command line (crate `cachalot-cli`) shows this viewer with `cachalot view` and serves its web
+//! build with `cachalot serve`.
 
 pub mod app;
-pub mod compare;
+mod dialogs;
 pub mod events;
 pub mod format;
 pub mod live;
 pub mod load;
+mod loading;
 pub mod model;
+pub mod notices;
 pub mod pools;
 pub mod segments;
+pub mod side_by_side;
 pub mod stats;
+pub mod style;
+pub mod tabs;
 pub mod timeline;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -31,5 +44,6 @@ pub mod native;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 
-pub use app::{View, ViewerApp};
+pub use app::ViewerApp;
 pub use model::Run;
+pub use tabs::View;

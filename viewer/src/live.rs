@@ -1,8 +1,11 @@
 //! Live runs: an experiment feeds trace entries to the viewer while it runs.
 //!
-//! The viewer does not depend on any GPU crate. Whoever runs experiments (the `cachalot`
-//! binary, with the CUDA and wgpu runtimes) implements [`Experiment`] and hands the viewer a
-//! list of them ([`crate::app::ViewerApp::with_experiments`]). Starting one returns a
+//! The viewer depends on no GPU crate, so it runs no GPU experiment by itself: the program
+//! showing it hands it a list of [`Experiment`]s through
+//! [`crate::app::ViewerApp::with_experiments`], the only way experiments reach the "Run
+//! experiment" dialog. Today both such programs, `cachalot view` (crate `cachalot-cli`) and the
+//! web page (`web`), hand it [`default_experiments`], the simulator's; an experiment on CUDA or
+//! wgpu is one more [`Experiment`] handed over the same way. Starting one returns a
 //! [`LiveRun`]: the receiving end of a channel of [`LiveEvent`]s, which the app drains every
 //! frame into a growing [`crate::model::Run`]. The sending end, [`LiveSender`], can be moved
 //! to the thread that runs the experiment; [`LiveRecorder`] forwards what a
@@ -525,7 +528,8 @@ impl Experiment for SimExperiment {
     }
 }
 
-/// The experiments the viewer offers when its host gives none: simulator workloads.
+/// The built-in experiments, workloads on the simulator ([`SimExperiment`]): what `cachalot
+/// view` and the web page hand to [`crate::app::ViewerApp::with_experiments`].
 pub fn default_experiments() -> Vec<Box<dyn Experiment>> {
     vec![Box::new(SimExperiment::training(12)), Box::new(SimExperiment::kv_cache(96))]
 }

@@ -9,6 +9,7 @@ use egui_plot::{Bar, BarChart, Plot};
 
 use crate::format;
 use crate::model::PoolState;
+use crate::style;
 
 /// Free-block histogram buckets: powers of two from 512 B (2^9) to 2^40 B.
 const FIRST_BUCKET: u32 = 9;
@@ -193,7 +194,7 @@ pub fn ui(ui: &mut egui::Ui, state: &PoolState, pools: &mut PoolsState) {
             }
         })
         .show(ui, |plot_ui| {
-            plot_ui.bar_chart(BarChart::new("free blocks", bars).color(format::BlockKind::InactiveSplit.color()));
+            plot_ui.bar_chart(BarChart::new("free blocks", bars).color(style::BlockKind::InactiveSplit.color()));
         });
 }
 

@@ -9,8 +9,9 @@ use cachalot_core::size::PoolKind;
 use cachalot_core::{BlockState, StreamId};
 use egui::{Color32, CornerRadius, FontId, Pos2, Rect, Sense, Stroke, StrokeKind, Vec2};
 
-use crate::format::{self, BlockKind};
+use crate::format;
 use crate::model::{NO_EVENT, PoolState, Run};
+use crate::style::{self, BlockKind};
 
 /// Height of a row, in points.
 pub const ROW_HEIGHT: f32 = 18.0;
@@ -244,7 +245,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
 
     if let Some(address) = map.selected {
         egui::Panel::bottom(("block_details", run.name.as_str()))
-            .frame(crate::app::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
+            .frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
             .resizable(true)
             .default_size(150.0)
             .show(ui, |ui| {
@@ -334,7 +335,7 @@ fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f
     painter.rect_filled(
         Rect::from_min_size(rect.min + Vec2::new(2.0, 4.0), Vec2::new(4.0, ROW_HEIGHT - 8.0)),
         1,
-        format::stream_color(row.stream),
+        style::stream_color(row.stream),
     );
     let label = format!(
         "{} {:>9} {} {}{}",
@@ -359,9 +360,9 @@ fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f
         Pos2::new(x_of(row.end).max(x_of(row.start) + 2.0), bar.bottom()),
     );
     // The pieces tile the extent, so on a software rasterizer, where every shaded pixel counts
-    // (see `app::panel_frame`), it is painted only where it shows past them: a row narrower
+    // (see `style::panel_frame`), it is painted only where it shows past them: a row narrower
     // than its two points. (Elsewhere it also backs the anti-aliased seams between pieces.)
-    if !crate::app::software_rendering(ui.ctx()) || x_of(row.end) - x_of(row.start) < 2.0 {
+    if !style::software_rendering(ui.ctx()) || x_of(row.end) - x_of(row.start) < 2.0 {
         painter.rect_filled(extent, 0, Color32::from_gray(40));
     }
     let mut column: Option<(f32, f32, BlockKind)> = None;

@@ -6,6 +6,7 @@ use cachalot_core::stats::StatType;
 
 use crate::format;
 use crate::model::Run;
+use crate::style;
 
 /// The stat arrays in PyTorch's order, and whether they count bytes.
 pub const ARRAYS: [(&str, bool); 9] = [
@@ -63,10 +64,10 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, stats: &MemoryStats, cursor: usize, stat
         let mut differ = differing_keys(stats, recorded);
         differ.retain(|k| k != "num_alloc_retries" && k != "num_sync_all_streams");
         if differ.is_empty() {
-            ui.colored_label(egui::Color32::from_rgb(98, 190, 110), "✔ every key matches the file's memory_stats()");
+            ui.colored_label(style::series::RESERVED, "✔ every key matches the file's memory_stats()");
         } else {
             ui.colored_label(
-                egui::Color32::from_rgb(244, 67, 54),
+                style::series::OOM,
                 format!("{} keys differ from the file's memory_stats(): {}", differ.len(), differ.join(", ")),
             );
         }

@@ -8,6 +8,7 @@ use egui_plot::{
 
 use crate::format;
 use crate::model::{Outline, Run};
+use crate::style;
 
 /// Most marks labelled on the timeline (beyond that they would be unreadable).
 const MAX_MARK_LABELS: usize = 40;
@@ -32,7 +33,7 @@ impl Default for TimelineState {
     }
 }
 
-/// A plot of bytes over trace entries, as the timeline and the compare view draw it: x from 0
+/// A plot of bytes over trace entries, as the timeline and the side-by-side view draw it: x from 0
 /// to `x_max`, y from 0 to `y_max` on a byte axis, zoom and scroll along x only (a drag moves the
 /// cursor instead of the view).
 pub fn memory_plot<'a>(id: impl std::hash::Hash + std::fmt::Debug, x_max: f64, y_max: f64) -> Plot<'a> {
@@ -73,7 +74,7 @@ pub fn outline(series: &mut crate::model::Series, plot_ui: &PlotUi, x0: f64, x1:
 /// Adds a counter to a plot: a step line, or where there are more entries than pixels a band
 /// from each pixel's lowest to its highest value (see [`outline`]). A band covers each pixel
 /// once, where the min/max zigzag line it replaces covered each column three times over (on a
-/// software rasterizer that line was most of a frame). A dashed `style` (the compare view's
+/// software rasterizer that line was most of a frame). A dashed `style` (the side-by-side view's
 /// second run) draws a band half transparent instead. egui_plot's band aggregation of lines is
 /// off: it would merge the two points of each step into a slanted band.
 pub fn add_series(plot_ui: &mut PlotUi, name: String, outline: Outline, color: Color32, style: LineStyle) {
@@ -136,8 +137,8 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         })
         .show_crosshair(false)
         // The plot's darker background is a full pass over its area: dropped where shading is
-        // done by the CPU (see `app::panel_frame`).
-        .show_background(!crate::app::software_rendering(ui.ctx()));
+        // done by the CPU (see `style::panel_frame`).
+        .show_background(!style::software_rendering(ui.ctx()));
 
     let follow = run.live && state.follow;
     let show_active = state.show_active;
@@ -151,11 +152,11 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
         let width = plot_ui.response().rect.width();
         // Back to front: each counter is at least the one drawn over it.
-        let mut counters = vec![("reserved", outline(&mut run.reserved, plot_ui, x0, x1), format::series::RESERVED)];
+        let mut counters = vec![("reserved", outline(&mut run.reserved, plot_ui, x0, x1), style::series::RESERVED)];
         if show_active {
-            counters.push(("active", outline(&mut run.active, plot_ui, x0, x1), format::series::ACTIVE));
+            counters.push(("active", outline(&mut run.active, plot_ui, x0, x1), style::series::ACTIVE));
         }
-        counters.push(("allocated", outline(&mut run.allocated, plot_ui, x0, x1), format::series::ALLOCATED));
+        counters.push(("allocated", outline(&mut run.allocated, plot_ui, x0, x1), style::series::ALLOCATED));
         for back in 0..counters.len() {
             let (behind, front) = counters.split_at_mut(back + 1);
             if let Outline::Band(band) = &mut behind[back].1 {
@@ -189,17 +190,16 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
             xs
         };
         for x in visible(&run.markers.ooms, 1.0) {
-            plot_ui.vline(VLine::new("OOM", x).color(format::series::OOM).width(1.5));
+            plot_ui.vline(VLine::new("OOM", x).color(style::series::OOM).width(1.5));
         }
         for x in visible(&run.markers.empty_cache, 0.0) {
-            plot_ui.vline(
-                VLine::new("empty_cache", x).color(format::series::EMPTY_CACHE).style(LineStyle::dashed_loose()),
-            );
+            plot_ui
+                .vline(VLine::new("empty_cache", x).color(style::series::EMPTY_CACHE).style(LineStyle::dashed_loose()));
         }
         for x in visible(&run.markers.retries, 0.0) {
             plot_ui.vline(
                 VLine::new("cache released by a malloc", x)
-                    .color(format::series::RETRY)
+                    .color(style::series::RETRY)
                     .style(LineStyle::dotted_dense()),
             );
         }
@@ -224,7 +224,7 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
                 );
             }
         }
-        plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
+        plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
         let response = plot_ui.response();
 
         if response.dragged() || response.clicked() {

@@ -47,15 +47,15 @@ fn plot_point(harness: &Harness<'_, ViewerApp>, fraction: f32) -> (Pos2, usize) 
 fn render(view: View) {
     let cursor = 40;
     let mut runs = vec![common::fixed_run(false)];
-    if view == View::Compare {
+    if view == View::SideBySide {
         runs.push(common::fixed_run(true));
     }
     let mut app = app_with(runs, view);
     for tab in &mut app.tabs {
         tab.cursor = cursor;
     }
-    app.compare.a = 0;
-    app.compare.b = 1;
+    app.side_by_side.a = 0;
+    app.side_by_side.b = 1;
     app.active = 0;
     let mut harness = harness(app, SIZE, 1.0, true);
     harness.run_steps(4);
@@ -84,7 +84,7 @@ fn the_event_list_renders() {
 
 #[test]
 fn the_comparison_renders() {
-    render(View::Compare);
+    render(View::SideBySide);
 }
 
 #[test]
@@ -223,7 +223,8 @@ fn a_live_run_streams_into_the_viewer() {
 
 #[test]
 fn the_run_experiment_dialog_starts_a_live_run() {
-    let mut harness = harness(ViewerApp::new(), SIZE, 1.0, true);
+    let app = ViewerApp::new().with_experiments(live::default_experiments());
+    let mut harness = harness(app, SIZE, 1.0, true);
     harness.run_steps(2);
     harness.get_all_by_label("Run experiment…").next().expect("the button").click();
     harness.run_steps(2);
@@ -243,6 +244,19 @@ fn the_run_experiment_dialog_starts_a_live_run() {
     assert!(tab.live.is_none(), "the experiment finished");
     assert!(tab.run.markers.empty_cache.len() == 1, "{:?}", tab.run.markers);
     assert!(matches!(tab.run.verification, Verification::Matches { .. }), "{:?}", tab.run.verification);
+}
+
+/// Experiments reach the viewer only through `with_experiments`: a bare viewer offers none and
+/// its dialog says so.
+#[test]
+fn the_run_experiment_dialog_offers_only_the_hosts_experiments() {
+    let mut harness = harness(ViewerApp::new(), SIZE, 1.0, true);
+    harness.run_steps(2);
+    harness.get_all_by_label("Run experiment…").next().expect("the button").click();
+    harness.run_steps(2);
+    harness.get_by_label_contains("offers no experiments");
+    assert!(harness.query_by_label_contains("KV-cache decoding").is_none());
+    assert!(harness.query_by_label("Start").is_none());
 }
 
 /// On a software rasterizer the panels paint no fill (the window is cleared to their colour,

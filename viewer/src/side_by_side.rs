@@ -1,11 +1,13 @@
-//! Two runs side by side with linked cursors: e.g. one experiment on CUDA and on wgpu, or
-//! PyTorch's recorded trace and cachalot's replay of it.
+//! Two runs side by side with linked cursors (the "Compare" tab): e.g. one experiment on CUDA
+//! and on wgpu, or PyTorch's recorded trace and cachalot's replay of it. Both timelines in one
+//! plot, the `memory_stats()` keys that differ at the cursors, both segment maps.
 
 use egui_plot::{LineStyle, VLine};
 
-use crate::app::RunTab;
 use crate::format;
 use crate::segments::{self, SegmentMapState};
+use crate::style;
+use crate::tabs::RunTab;
 use crate::timeline::{add_series, memory_plot, outline};
 
 /// How the cursor of the second run follows the first.
@@ -17,9 +19,9 @@ pub enum Link {
     Fraction,
 }
 
-/// What the compare panel remembers.
+/// What the side-by-side panel remembers.
 #[derive(Clone, Debug)]
-pub struct CompareState {
+pub struct SideBySideState {
     /// Index of the first run.
     pub a: usize,
     /// Index of the second run.
@@ -32,9 +34,9 @@ pub struct CompareState {
     pub maps: [SegmentMapState; 2],
 }
 
-impl Default for CompareState {
+impl Default for SideBySideState {
     fn default() -> Self {
-        CompareState {
+        SideBySideState {
             a: 0,
             b: 1,
             link: Link::Entry,
@@ -44,7 +46,7 @@ impl Default for CompareState {
     }
 }
 
-impl CompareState {
+impl SideBySideState {
     /// Where the second run's cursor goes for cursor `a` of the first.
     pub fn linked(&self, a: usize, end_a: usize, end_b: usize) -> usize {
         match self.link {
@@ -66,8 +68,8 @@ fn run_picker(ui: &mut egui::Ui, label: &str, tabs: &[RunTab], index: &mut usize
         });
 }
 
-/// Shows the comparison; `tabs` are all open runs.
-pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
+/// Shows two of `tabs` (all open runs) side by side.
+pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
     if tabs.len() < 2 {
         ui.add_space(20.0);
         ui.label("Open two runs to compare them (e.g. a PyTorch trace and its cachalot replay from the \"Replay through cachalot\" button).");
@@ -113,8 +115,8 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                 let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
                 let (bx0, bx1) = (x0 / scale_b, x1 / scale_b);
                 let counters = [
-                    ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, format::series::RESERVED),
-                    ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, format::series::ALLOCATED),
+                    ("reserved", &mut ra.run.reserved, &mut rb.run.reserved, style::series::RESERVED),
+                    ("allocated", &mut ra.run.allocated, &mut rb.run.allocated, style::series::ALLOCATED),
                 ];
                 for (label, series_a, series_b, color) in counters {
                     let a_outline = outline(series_a, plot_ui, x0, x1);
@@ -123,7 +125,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                     let b_name = format!("B {label} — {}", names.1);
                     add_series(plot_ui, b_name, b_outline, color.gamma_multiply(0.8), LineStyle::dashed_dense());
                 }
-                plot_ui.vline(VLine::new("", cursor as f64).color(format::series::CURSOR).width(2.0));
+                plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
                 let response = plot_ui.response();
                 if response.dragged() || response.clicked() {
                     crate::timeline::pointer_entry(plot_ui).map(|p| p.x.round().clamp(0.0, end_a as f64) as usize)
@@ -156,9 +158,9 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
     ui.horizontal(|ui| {
         ui.strong("memory_stats()");
         if differing == 0 {
-            ui.colored_label(format::series::RESERVED, "all 122 keys equal at the cursor");
+            ui.colored_label(style::series::RESERVED, "all 122 keys equal at the cursor");
         } else {
-            ui.colored_label(format::series::OOM, format!("{differing} keys differ at the cursor"));
+            ui.colored_label(style::series::OOM, format!("{differing} keys differ at the cursor"));
         }
     });
     egui::ScrollArea::vertical().id_salt("compare_stats").max_height(150.0).show(ui, |ui| {
@@ -181,7 +183,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut CompareState) {
                 if delta == 0 {
                     ui.label("0");
                 } else {
-                    ui.colored_label(format::series::OOM, show(delta));
+                    ui.colored_label(style::series::OOM, show(delta));
                 }
                 ui.end_row();
             }

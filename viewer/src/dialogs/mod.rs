@@ -1,0 +1,77 @@
+//! The app's dialogs: "Run experiment" (pick one of the experiments the host gave the viewer,
+//! and a backend, and start it) and, natively, "Open files" (a path field and the folder's
+//! files, so that no system dialog is needed).
+
+#[cfg(not(target_arch = "wasm32"))]
+mod open_files;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use open_files::OpenDialog;
+
+use crate::live::{Experiment, LiveRun};
+use crate::style;
+
+/// The "Run experiment" window.
+#[derive(Debug, Default)]
+pub struct RunDialog {
+    /// Whether it is shown.
+    pub open: bool,
+    experiment: usize,
+    backend: usize,
+    error: Option<String>,
+}
+
+impl RunDialog {
+    /// Shows the dialog (if open) offering `experiments`; returns the run its Start button
+    /// started. The dialog closes once one started and shows why when one could not.
+    pub fn show(&mut self, ctx: &egui::Context, experiments: &[Box<dyn Experiment>]) -> Option<LiveRun> {
+        if !self.open {
+            return None;
+        }
+        let mut open = true;
+        let mut start = None;
+        egui::Window::new("Run experiment").open(&mut open).collapsible(false).show(ctx, |ui| {
+            if experiments.is_empty() {
+                ui.label("The program showing this viewer offers no experiments.");
+            }
+            self.experiment = self.experiment.min(experiments.len().saturating_sub(1));
+            for (i, e) in experiments.iter().enumerate() {
+                ui.radio_value(&mut self.experiment, i, e.name()).on_hover_text(e.description());
+            }
+            if let Some(e) = experiments.get(self.experiment) {
+                ui.weak(e.description());
+                let backends = e.backends();
+                self.backend = self.backend.min(backends.len().saturating_sub(1));
+                ui.horizontal(|ui| {
+                    egui::ComboBox::new("backend", "backend")
+                        .selected_text(backends.get(self.backend).cloned().unwrap_or_default())
+                        .show_ui(ui, |ui| {
+                            for (i, b) in backends.iter().enumerate() {
+                                ui.selectable_value(&mut self.backend, i, b);
+                            }
+                        });
+                });
+                if ui.button("Start").clicked() {
+                    start = backends.get(self.backend).cloned();
+                }
+            }
+            if let Some(error) = &self.error {
+                ui.colored_label(style::series::OOM, error);
+            }
+        });
+        let mut started = None;
+        if let Some(backend) = start {
+            match experiments.get(self.experiment).map(|e| e.start(&backend, ctx)) {
+                Some(Ok(live)) => {
+                    started = Some(live);
+                    self.error = None;
+                    open = false;
+                }
+                Some(Err(e)) => self.error = Some(e),
+                None => {}
+            }
+        }
+        self.open = open;
+        started
+    }
+}

@@ -1,0 +1,228 @@
+//! The open runs as tabs: what each remembers ([`RunTab`]), which panel shows it ([`View`]),
+//! the tab strip, the view picker with its line about the run, and how a tab takes in what its
+//! live experiment sent since the last frame.
+
+use crate::events::EventsState;
+use crate::format;
+use crate::live::{LiveEvent, LiveRun};
+use crate::model::{Rules, Run, RunKind, StateCache, Verification};
+use crate::notices::Notice;
+use crate::pools::PoolsState;
+use crate::segments::SegmentMapState;
+use crate::stats::StatsState;
+use crate::style;
+use crate::timeline::TimelineState;
+
+/// The panel under the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// The segment map at the cursor.
+    Segments,
+    /// Pools, largest free block, free-block histogram.
+    Pools,
+    /// `memory_stats()` and `memory_summary()`.
+    Stats,
+    /// The trace as a list.
+    Events,
+    /// Two runs side by side ([`crate::side_by_side`]); its tab is titled "Compare".
+    SideBySide,
+}
+
+impl View {
+    /// Every view, in tab order.
+    pub const ALL: [View; 5] = [View::Segments, View::Pools, View::Stats, View::Events, View::SideBySide];
+
+    /// The tab's title.
+    pub fn title(self) -> &'static str {
+        match self {
+            View::Segments => "Segments",
+            View::Pools => "Pools",
+            View::Stats => "Stats",
+            View::Events => "Events",
+            View::SideBySide => "Compare",
+        }
+    }
+
+    /// Parses a title, case-insensitively.
+    pub fn from_name(name: &str) -> Option<Self> {
+        View::ALL.into_iter().find(|v| v.title().eq_ignore_ascii_case(name))
+    }
+}
+
+/// One open run and everything the panels remember about it.
+pub struct RunTab {
+    /// The run.
+    pub run: Run,
+    /// Cursor position: the state after this many entries.
+    pub cursor: usize,
+    /// The state at the cursor.
+    pub cache: StateCache,
+    /// Timeline settings.
+    pub timeline: TimelineState,
+    /// Segment map settings and selection.
+    pub segments: SegmentMapState,
+    /// Pools panel settings.
+    pub pools: PoolsState,
+    /// Event list filter.
+    pub events: EventsState,
+    /// Stats panel settings.
+    pub stats: StatsState,
+    /// The experiment feeding a live run.
+    pub live: Option<LiveRun>,
+}
+
+impl RunTab {
+    /// A tab for `run` with the cursor at its end.
+    pub fn new(run: Run) -> Self {
+        let cursor = run.end();
+        RunTab {
+            run,
+            cursor,
+            cache: StateCache::default(),
+            timeline: TimelineState::default(),
+            segments: SegmentMapState::default(),
+            pools: PoolsState::default(),
+            events: EventsState::default(),
+            stats: StatsState::default(),
+            live: None,
+        }
+    }
+
+    /// A tab for a live run fed by `live`, empty until the experiment's `Start` arrives.
+    pub fn live(live: LiveRun) -> Self {
+        let mut run = Run::new("starting…", RunKind::Live, Rules::default());
+        run.live = true;
+        let mut tab = RunTab::new(run);
+        tab.live = Some(live);
+        tab
+    }
+
+    /// Takes in what the live experiment sent since the last call, if one feeds this tab, and
+    /// lets go of it once it finished or failed. Returns the messages for the bottom of the
+    /// window.
+    pub fn poll_live(&mut self) -> Vec<Notice> {
+        let mut notices = Vec::new();
+        let Some(live) = &mut self.live else { return notices };
+        let (events, connected) = live.poll();
+        let mut done = !connected;
+        for event in events {
+            match event {
+                LiveEvent::Start { name, device, settings } => {
+                    let rules = cachalot_core::AllocatorConfig::parse(&settings)
+                        .map(|c| Rules::from_config(&c))
+                        .unwrap_or_default();
+                    let mut run = Run::new(name, RunKind::Live, rules);
+                    run.live = true;
+                    run.source = "live experiment".into();
+                    run.device = Some(device);
+                    run.settings = settings;
+                    self.run = run;
+                    self.cache.clear();
+                }
+                LiveEvent::Stack { id, frames } => {
+                    let got = self.run.contexts.intern(&frames);
+                    if got != id {
+                        notices.push(Notice::error(format!("{}: stack {} arrived as {}", self.run.name, id.0, got.0)));
+                    }
+                }
+                LiveEvent::Entries(entries) => self.run.extend(entries),
+                LiveEvent::Mark(mark) => self.run.marks.push(mark),
+                LiveEvent::Finished(snapshot) => {
+                    if let Some(snapshot) = snapshot {
+                        self.run.recorded_end = Some(snapshot.segments);
+                        self.run.recorded_stats = Some(snapshot.stats);
+                    }
+                    done = true;
+                    let entries = format::count(self.run.trace.len() as u64);
+                    notices.push(Notice::info(format!("{}: finished, {entries} entries", self.run.name)));
+                }
+                LiveEvent::Failed(message) => {
+                    done = true;
+                    notices.push(Notice::error(format!("{}: {message}", self.run.name)));
+                }
+            }
+        }
+        if done {
+            self.live = None;
+            self.run.finish();
+            self.cache.clear();
+        }
+        if self.timeline.follow && (self.run.live || done) {
+            self.cursor = self.run.end();
+        }
+        notices
+    }
+}
+
+/// The tab strip: a label per open run (⏺ while an experiment feeds it) to show it, and a
+/// button to close it. Returns the tab whose close button was clicked.
+pub fn tab_strip(ui: &mut egui::Ui, tabs: &[RunTab], active: &mut usize) -> Option<usize> {
+    let mut close = None;
+    for (i, tab) in tabs.iter().enumerate() {
+        let live = if tab.live.is_some() { "⏺ " } else { "" };
+        let title = format!("{live}{}", tab.run.name);
+        if ui.selectable_label(i == *active, title).clicked() {
+            *active = i;
+        }
+        if ui.small_button("×").on_hover_text(format!("close {}", tab.run.name)).clicked() {
+            close = Some(i);
+        }
+    }
+    close
+}
+
+/// Closes tab `i`, asking its experiment (if any) to stop, and keeps `active` on an open tab.
+pub fn close_tab(tabs: &mut Vec<RunTab>, active: &mut usize, i: usize) {
+    if let Some(live) = &tabs[i].live {
+        live.request_stop();
+    }
+    tabs.remove(i);
+    *active = (*active).min(tabs.len().saturating_sub(1));
+}
+
+/// The view picker and, after it, one line about the run shown.
+pub fn view_bar(ui: &mut egui::Ui, view: &mut View, shown: Option<&RunTab>) {
+    ui.horizontal(|ui| {
+        for v in View::ALL {
+            ui.selectable_value(view, v, v.title());
+        }
+        if let Some(tab) = shown {
+            ui.separator();
+            run_info(ui, tab);
+        }
+    });
+}
+
+/// One line about the run: where it came from and whether its rebuilt state checks out.
+fn run_info(ui: &mut egui::Ui, tab: &RunTab) {
+    let run = &tab.run;
+    let device = match (&run.device, &run.kind) {
+        (Some(d), _) => format!("{} ({})", d.name, d.backend),
+        (None, RunKind::Torch { device }) => format!("recorded by PyTorch, device {device}"),
+        (None, _) => "device unknown".into(),
+    };
+    ui.label(format!("{} entries · {device}", format::count(run.trace.len() as u64)));
+    if !run.settings.is_empty() {
+        ui.monospace(run.settings.as_str());
+    }
+    match &run.verification {
+        Verification::Matches { segments, blocks } => {
+            ui.colored_label(style::series::RESERVED, "✔ end state matches the file").on_hover_text(format!(
+                "rebuilt {segments} segments and {blocks} blocks, all equal to the recorded ones"
+            ));
+        }
+        Verification::Differs(message) => {
+            ui.colored_label(style::series::OOM, "⚠ end state differs").on_hover_text(message.as_str());
+        }
+        Verification::Unavailable => {}
+    }
+    if run.initial_inferred {
+        ui.colored_label(style::series::ACTIVE, "⚠ trace starts mid-run: initial state inferred")
+            .on_hover_text("earlier entries were dropped (ring buffer); the state before the first entry was rebuilt backwards from the end state");
+    }
+    if run.anomaly_count > 0 {
+        let list: Vec<String> = run.anomalies.iter().take(10).map(|a| format!("#{}: {}", a.index, a.message)).collect();
+        ui.colored_label(style::series::OOM, format!("{} entries did not fit", run.anomaly_count))
+            .on_hover_text(list.join("\n"));
+    }
+}
