@@ -11,7 +11,8 @@
 //! - [`ops`]: op files (`a ID SIZE [STREAM]`, `f ID`), the common input of the allocator
 //!   benchmarks, and the timing method of PyTorch's reference harness;
 //! - [`replay`]: a recorded PyTorch trace replayed through the allocator on the simulator, and
-//!   its check against the recording (`cachalot replay --check`).
+//!   its verification against the recording ([`replay::verify_against_recording`]: `cachalot
+//!   replay --check`).
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
