@@ -1,11 +1,13 @@
 //! `cachalot compare A B...`: runs side by side — snapshots written by `cachalot run` and
-//! PyTorch's `expected.json` — with every difference and, where it is known, its reason (see
-//! `cachalot_runtime::compare`).
+//! PyTorch's `expected.json` — with every difference and, where it is known, its reason. The
+//! analysis is `cachalot_runtime::comparison`; this command renders it as text ([`text`]).
+
+mod text;
 
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use cachalot_runtime::compare::{CompareOptions, compare, load};
+use cachalot_runtime::comparison::{CompareOptions, compare_runs, load};
 
 use crate::failure::{Failure, Outcome};
 
@@ -32,9 +34,9 @@ pub fn run(args: &CompareArgs) -> Outcome {
         columns.push(load(path).map_err(|e| Failure::input(anyhow!(e)))?);
     }
     let options = CompareOptions { loss_tolerance: args.loss_tolerance, verify: !args.no_verify };
-    let report = compare(&columns, options);
-    print!("{}", report.text);
-    if report.ok() {
+    let comparison = compare_runs(columns, options);
+    print!("{}", text::render(&comparison));
+    if comparison.verdict.ok() {
         Ok(())
     } else {
         Err(Failure { status: 1, error: anyhow!("the runs differ in ways without a known reason") })

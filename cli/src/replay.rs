@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 use cachalot_core::AllocatorConfig;
 use cachalot_trace::Snapshot;
-use cachalot_trace::replay::{ReplayOptions, check, replay};
+use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::snapshot::{FileFormat, pickle};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -112,7 +112,7 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
         );
         return Ok(true);
     }
-    match check(snapshot, &outcome, expected.as_ref()) {
+    match verify_against_recording(snapshot, &outcome, expected.as_ref()) {
         Ok(()) => {
             println!("MATCH {name}");
             Ok(true)

@@ -6,8 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
-use cachalot_core::error::format_size;
-use cachalot_runtime::compare::group;
+use cachalot_core::error::{format_size, group_digits};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
 use cachalot_runtime::{Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute};
 
@@ -224,9 +223,9 @@ pub fn run(args: &RunArgs) -> Outcome {
             println!(
                 "  {:<width$}  allocated {:>15} ({:>10})   reserved {:>15} ({:>10})",
                 m.label,
-                group(m.allocated),
+                group_digits(m.allocated),
                 format_size(m.allocated),
-                group(m.reserved),
+                group_digits(m.reserved),
                 format_size(m.reserved)
             );
         }

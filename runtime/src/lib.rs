@@ -5,15 +5,16 @@
 //! is a freed block, as in PyTorch — and experiments written once against it that run
 //! unchanged on CUDA, on any GPU through wgpu, and on the simulator with the CPU reference
 //! kernels. Labelled marks record `memory_allocated()` / `memory_reserved()` where
-//! `torch.cuda.memory_allocated()` would read them, and [`compare`](mod@compare) puts runs side
-//! by side and says why they differ.
+//! `torch.cuda.memory_allocated()` would read them, and [`comparison`] puts runs side by side
+//! and says why they differ.
 //!
 //! - [`device`]: the [`Device`] trait and its three implementations (CUDA, wgpu, simulator),
 //!   with the stream discipline that makes the wgpu and simulator event sequences equal;
 //! - [`runtime`]: [`Runtime`] and [`Tensor`];
 //! - [`experiments`]: `seeds`, `mlp-train`, `matmul-sweep`, `ops`;
 //! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
-//! - [`trace`]: traces with addresses made comparable; [`compare`](mod@compare): the report;
+//! - [`comparison`]: runs side by side with the tested reasons they differ, as data
+//!   ([`comparison::Comparison`]; `cachalot compare` renders it as text);
 //! - [`bench`]: op files timed on any backend (`cachalot bench`).
 //!
 //! ```
@@ -28,14 +29,13 @@
 //! ```
 
 pub mod bench;
-pub mod compare;
+pub mod comparison;
 pub mod device;
 mod error;
 pub mod experiments;
 pub mod run;
 pub mod runtime;
 pub mod select;
-pub mod trace;
 
 pub use device::sim::{SimDevice, SimProfile};
 pub use device::{Activation, BackendKind, Device, StreamDiscipline, Workspaces};

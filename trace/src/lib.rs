@@ -11,7 +11,10 @@
 //! - [`ops`]: op files (`a ID SIZE [STREAM]`, `f ID`), the common input of the allocator
 //!   benchmarks, and the timing method of PyTorch's reference harness;
 //! - [`replay`]: a recorded PyTorch trace replayed through the allocator on the simulator, and
-//!   its check against the recording (`cachalot replay --check`).
+//!   its verification against the recording ([`replay::verify_against_recording`]: `cachalot
+//!   replay --check`);
+//! - [`normalized`]: allocator event sequences with addresses as segment index + offset, so runs
+//!   on different devices compare event for event ([`normalized::first_difference`]).
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
@@ -26,6 +29,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod normalized;
 pub mod ops;
 pub mod replay;
 pub mod snapshot;

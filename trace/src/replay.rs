@@ -1,4 +1,4 @@
-//! Replaying a recorded PyTorch trace through the allocator on the simulator, and checking the
+//! Replaying a recorded PyTorch trace through the allocator on the simulator, and verifying the
 //! result against what PyTorch recorded (its trace, its final segments, and the
 //! `memory_stats()`, `memory_summary()` and OOM messages of the run's `expected.json`).
 //!
@@ -464,8 +464,32 @@ fn deferred_frees(trace: &[TraceEntry]) -> DeferredFrees {
     deferred
 }
 
-/// Compares a replay with the recording; `Err` holds the first difference.
-pub fn check(snapshot: &TorchSnapshot, outcome: &ReplayOutcome, expected: Option<&ExpectedRun>) -> Result<(), String> {
+/// The first thing a replay did differently from the recording (see
+/// [`verify_against_recording`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RecordingMismatch {
+    /// What differed, with both sides' values.
+    pub message: String,
+}
+
+/// Verifies a replay against what PyTorch recorded (`cachalot replay --check`): the
+/// divergences noticed while replaying, every segment event in order, the final segments and
+/// blocks, and, with the run's `expected.json`, its `memory_stats()`, `memory_summary()` and
+/// out-of-memory messages. `Err` holds the first difference.
+pub fn verify_against_recording(
+    snapshot: &TorchSnapshot,
+    outcome: &ReplayOutcome,
+    expected: Option<&ExpectedRun>,
+) -> Result<(), RecordingMismatch> {
+    first_mismatch(snapshot, outcome, expected).map_err(|message| RecordingMismatch { message })
+}
+
+fn first_mismatch(
+    snapshot: &TorchSnapshot,
+    outcome: &ReplayOutcome,
+    expected: Option<&ExpectedRun>,
+) -> Result<(), String> {
     let allocator = &outcome.allocator;
     let device = outcome.device;
     if let Some(d) = outcome.divergences.first() {
@@ -507,14 +531,14 @@ pub fn check(snapshot: &TorchSnapshot, outcome: &ReplayOutcome, expected: Option
         let (a, ad, s) = ours[recorded.len()];
         return Err(format!("replay has an extra segment event: {} {ad:#x} {s} B", a.name()));
     }
-    check_segments(snapshot, device, allocator)?;
+    verify_final_segments(snapshot, device, allocator)?;
     if let Some(expected) = expected {
-        check_expected(allocator.stats(), allocator, outcome, expected)?;
+        verify_expected_run(allocator.stats(), allocator, outcome, expected)?;
     }
     Ok(())
 }
 
-fn check_segments(
+fn verify_final_segments(
     snapshot: &TorchSnapshot,
     device: usize,
     allocator: &CachingAllocator<SimBackend>,
@@ -576,7 +600,7 @@ fn check_segments(
     Ok(())
 }
 
-fn check_expected(
+fn verify_expected_run(
     stats: &MemoryStats,
     allocator: &CachingAllocator<SimBackend>,
     outcome: &ReplayOutcome,

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use cachalot_core::AllocatorConfig;
-use cachalot_trace::replay::{ExpectedRun, ReplayOptions, check, replay};
+use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::pickle::read_snapshot;
 
 /// The vendored copy of `../shared/traces/pytorch-2.11-h200` (see `testdata/README.md`).
@@ -42,7 +42,7 @@ fn every_reference_trace_matches_pytorch() {
         let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
         let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
         outcome.allocator.check_consistency().unwrap();
-        if let Err(difference) = check(&snapshot, &outcome, Some(&expected)) {
+        if let Err(difference) = verify_against_recording(&snapshot, &outcome, Some(&expected)) {
             panic!("{}: {difference}", path.display());
         }
         assert!(!expected.memory_stats.is_empty(), "{}: the stats were compared", path.display());
@@ -62,7 +62,10 @@ fn a_wrong_configuration_is_caught() {
         let mut options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
         options.config = AllocatorConfig::parse(wrong).unwrap();
         let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
-        assert!(check(&snapshot, &outcome, Some(&expected)).is_err(), "{name} under {wrong:?} must not match");
+        assert!(
+            verify_against_recording(&snapshot, &outcome, Some(&expected)).is_err(),
+            "{name} under {wrong:?} must not match"
+        );
     }
 }
 

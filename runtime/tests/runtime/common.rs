@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use cachalot_core::{AllocatorConfig, TraceEntry};
-use cachalot_runtime::compare::{self, Column};
+use cachalot_runtime::comparison::{self, Column, Comparison};
 use cachalot_runtime::device::cuda::CudaDevice;
 use cachalot_runtime::device::wgpu::WgpuDevice;
 use cachalot_runtime::{BackendKind, Device, Experiment, RunResult, Selection, SimDevice, SimProfile, execute_on};
@@ -116,9 +116,18 @@ pub fn marks(result: &RunResult) -> Vec<(String, u64, u64)> {
 pub fn column(result: &RunResult, name: &str) -> Column {
     let path = std::env::temp_dir().join(format!("cachalot-runtime-test-{}-{name}.json", std::process::id()));
     std::fs::write(&path, result.snapshot.to_json()).unwrap();
-    let column = compare::load(&path).unwrap();
+    let column = comparison::load(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     column
+}
+
+/// What a failed comparison assertion shows: the differences, losses and event comparisons
+/// (the runs' traces would drown them).
+pub fn describe(comparison: &Comparison) -> String {
+    format!(
+        "{:#?}\n{:#?}\n{:#?}\n{:?}",
+        comparison.differences, comparison.losses, comparison.events, comparison.verdict
+    )
 }
 
 /// Which backend a result ran on.

@@ -1,8 +1,8 @@
 //! The runtime on CUDA: PyTorch 2.11's seeds marks and trace, and training that agrees with
 //! the CPU reference. Skipped without a CUDA device (a failure with `CACHALOT_REQUIRE_CUDA=1`).
 
-use cachalot_runtime::trace::{self, TraceComparison};
 use cachalot_runtime::{Experiment, SimProfile};
+use cachalot_trace::normalized::{EventDiff, first_difference};
 
 use super::common;
 use super::sim::small_mlps;
@@ -18,14 +18,14 @@ fn seeds_on_cuda_gives_pytorchs_marks_and_trace() {
     let sim = common::run(&Experiment::Seeds, common::sim(profile, false));
     assert_eq!(common::marks(&cuda), common::marks(&sim));
     assert_eq!(
-        trace::compare(&cuda.snapshot.trace, &sim.snapshot.trace),
-        TraceComparison::Identical { entries: sim.snapshot.trace.len() }
+        first_difference(&cuda.snapshot.trace, &sim.snapshot.trace),
+        EventDiff::Identical { entries: sim.snapshot.trace.len() }
     );
     if workspaces == SimProfile::cuda_sm90().workspaces {
         assert_eq!(common::marks(&cuda), common::pytorch_seeds_marks(), "marks differ from PyTorch 2.11's");
         assert_eq!(
-            trace::compare(&common::pytorch_seeds_trace(), &cuda.snapshot.trace),
-            TraceComparison::Identical { entries: 60 }
+            first_difference(&common::pytorch_seeds_trace(), &cuda.snapshot.trace),
+            EventDiff::Identical { entries: 60 }
         );
     } else {
         eprintln!("note: workspaces {workspaces:?} are not the H200's; compared with the simulator only");
@@ -45,8 +45,8 @@ fn mlp_train_on_cuda_matches_the_cpu_reference() {
             assert!(rel <= 1e-3, "step {step}: CUDA {g} vs CPU {w} (relative {rel:.2e})");
         }
         assert_eq!(
-            trace::compare(&cuda.snapshot.trace, &cpu.snapshot.trace),
-            TraceComparison::Identical { entries: cpu.snapshot.trace.len() }
+            first_difference(&cuda.snapshot.trace, &cpu.snapshot.trace),
+            EventDiff::Identical { entries: cpu.snapshot.trace.len() }
         );
     }
 }

@@ -2,15 +2,17 @@
 //! profile, the CPU kernels, the experiments, selection and compare.
 
 use cachalot_core::AllocatorConfig;
-use cachalot_runtime::compare::{self, CompareOptions};
+use cachalot_runtime::comparison::{
+    self, CompareOptions, Explanation, FactorKind, LossCell, LossVerdict, MarkShift, compare_runs,
+};
 use cachalot_runtime::experiments::{Loss, Optimizer, ops::OpsParams};
-use cachalot_runtime::trace::{self, TraceComparison};
 use cachalot_runtime::{
     Activation, BackendKind, BackendRequest, DeviceOptions, Experiment, MlpParams, Runtime, SimDevice, SimProfile,
     SweepParams,
 };
 use cachalot_shaders::MatmulShape;
 use cachalot_shaders::cpu::{self, Rng};
+use cachalot_trace::normalized::{EventDiff, first_difference};
 
 use super::common;
 
@@ -21,8 +23,8 @@ fn seeds_on_the_cuda_profile_gives_pytorchs_marks_and_trace() {
     assert_eq!(common::marks(&result), common::pytorch_seeds_marks(), "marks differ from PyTorch 2.11's");
     let pytorch = common::pytorch_seeds_trace();
     assert_eq!(
-        trace::compare(&pytorch, &result.snapshot.trace),
-        TraceComparison::Identical { entries: 60 },
+        first_difference(&pytorch, &result.snapshot.trace),
+        EventDiff::Identical { entries: 60 },
         "the trace differs from PyTorch 2.11's (addresses as segment + offset)"
     );
 }
@@ -155,10 +157,7 @@ fn the_ops_experiment_replays_an_op_file() {
     let end = &on_cuda.marks[3];
     assert_eq!((end.allocated, end.reserved), (25_165_824 + 1024, (24 << 20) + (2 << 20) + (20 << 20)));
     // No kernels, so nothing is recorded on a queue: both disciplines give the same events.
-    assert!(matches!(
-        trace::compare(&on_cuda.snapshot.trace, &on_queue.snapshot.trace),
-        TraceComparison::Identical { .. }
-    ));
+    assert!(matches!(first_difference(&on_cuda.snapshot.trace, &on_queue.snapshot.trace), EventDiff::Identical { .. }));
     assert_eq!(on_cuda.marks.last().map(|m| m.reserved), Some(0));
 }
 
@@ -183,25 +182,55 @@ fn compare_explains_the_workspaces_and_verifies_it() {
     let cuda = common::run(&Experiment::Seeds, common::sim(SimProfile::cuda_sm90(), false));
     let queue = common::run(&Experiment::Seeds, common::sim(SimProfile::wgpu(), false));
     let columns = vec![
-        compare::load(&common::seeds_expected()).unwrap(),
+        comparison::load(&common::seeds_expected()).unwrap(),
         common::column(&cuda, "cuda"),
         common::column(&queue, "queue"),
     ];
-    let report = compare::compare(&columns, CompareOptions::default());
-    println!("{}", report.text);
-    assert!(report.ok(), "{}", report.text);
-    assert!(report.text.contains("reason: cuBLAS/cuBLASLt workspaces"), "{}", report.text);
-    assert!(report.text.contains("verified: the simulator running seeds"), "{}", report.text);
-    assert!(report.text.contains("linear_output: allocated −34,603,008 B, reserved −33,554,432 B"), "{}", report.text);
+    let comparison = compare_runs(columns, CompareOptions::default());
+    let why = common::describe(&comparison);
+    assert!(comparison.verdict.ok(), "{why}");
+    // The cuda profile gives PyTorch's marks; the queue profile differs by the workspaces alone.
+    let [difference] = &comparison.differences[..] else { panic!("one run differs: {why}") };
+    assert_eq!(difference.column, 2, "{why}");
+    let Explanation::Tested(test) = &difference.explanation else { panic!("tested on the simulator: {why}") };
+    assert_eq!(test.experiment, "seeds");
+    assert!(test.unexplained.is_empty() && test.remaining.is_empty(), "verified: {why}");
+    let reasons: Vec<FactorKind> = test.factors.iter().filter(|f| f.is_reason()).map(|f| f.factor.kind).collect();
+    assert_eq!(reasons, [FactorKind::Workspaces], "{why}");
+    let linear_output =
+        MarkShift { labels: vec!["linear_output".into()], allocated: -34_603_008, reserved: -33_554_432 };
+    assert!(test.factors[0].shifts.contains(&linear_output), "{why}");
     // PyTorch's recorded trace (seeds.pickle beside the expected.json) against the runs.
-    assert!(report.text.contains("B vs A: identical (60 events)"), "{}", report.text);
+    let events = comparison.events.as_ref().unwrap();
+    let pytorch_vs_cuda = events.pairs.iter().find(|p| (p.first, p.second) == (0, 1)).unwrap();
+    assert_eq!(pytorch_vs_cuda.diff, EventDiff::Identical { entries: 60 }, "{why}");
 
     // A difference no factor accounts for stays unexplained and fails the comparison.
     let mut tampered = common::column(&cuda, "tampered");
     tampered.marks[3].allocated += 512;
-    let report = compare::compare(&[common::column(&cuda, "cuda"), tampered], CompareOptions::default());
-    assert_eq!(report.unexplained, 1, "{}", report.text);
-    assert!(!report.ok());
+    let label = tampered.marks[3].label.clone();
+    let comparison = compare_runs(vec![common::column(&cuda, "cuda"), tampered], CompareOptions::default());
+    let why = common::describe(&comparison);
+    assert_eq!(comparison.verdict.unexplained, 1, "{why}");
+    assert!(!comparison.verdict.ok());
+    let Explanation::Tested(test) = &comparison.differences[0].explanation else { panic!("tested: {why}") };
+    assert!(test.factors.is_empty(), "no factor differs: {why}");
+    assert_eq!(test.unexplained, std::slice::from_ref(&label));
+    assert_eq!(test.remaining, [MarkShift { labels: vec![label], allocated: 512, reserved: 0 }]);
+
+    // Without verification the same difference is named, untested.
+    let mut tampered = common::column(&queue, "tampered");
+    tampered.marks[3].allocated += 512;
+    let options = CompareOptions { verify: false, ..CompareOptions::default() };
+    let comparison = compare_runs(vec![common::column(&cuda, "cuda"), tampered], options);
+    let why = common::describe(&comparison);
+    let Explanation::Untested { failed_rerun: None, factors, unexplained } = &comparison.differences[0].explanation
+    else {
+        panic!("untested: {why}")
+    };
+    assert!(factors.iter().any(|f| f.kind == FactorKind::Workspaces), "{why}");
+    assert_eq!(comparison.verdict.unexplained, unexplained.len());
+    assert!(comparison.events.as_ref().unwrap().reproductions.is_empty(), "{why}");
 }
 
 #[test]
@@ -210,12 +239,18 @@ fn compare_checks_losses_against_the_tolerance() {
     let a = common::run(&Experiment::MlpTrain(params.clone()), common::sim(SimProfile::cuda_sm90(), true));
     let b = common::run(&Experiment::MlpTrain(params), common::sim(SimProfile::wgpu(), true));
     let (ca, mut cb) = (common::column(&a, "a"), common::column(&b, "b"));
-    let report = compare::compare(&[ca.clone(), cb.clone()], CompareOptions::default());
-    assert!(report.ok(), "{}", report.text);
-    assert!(report.text.contains("largest relative difference 0.00e0: agree"), "{}", report.text);
+    let comparison = compare_runs(vec![ca.clone(), cb.clone()], CompareOptions::default());
+    let why = common::describe(&comparison);
+    assert!(comparison.verdict.ok(), "{why}");
+    let losses = comparison.losses.as_ref().unwrap();
+    assert_eq!(losses.verdicts, [LossVerdict { column: 1, largest_relative: 0.0, agrees: true }], "{why}");
     cb.losses[1] *= 1.01;
-    let report = compare::compare(&[ca, cb], CompareOptions::default());
-    assert_eq!(report.loss_failures, 1, "{}", report.text);
+    let comparison = compare_runs(vec![ca, cb], CompareOptions::default());
+    let why = common::describe(&comparison);
+    assert_eq!(comparison.verdict.loss_failures, 1, "{why}");
+    let losses = comparison.losses.as_ref().unwrap();
+    assert!(matches!(losses.steps[1][1], LossCell::Compared { over_tolerance: true, .. }), "{why}");
+    assert!(!losses.verdicts[0].agrees, "{why}");
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! The runtime on wgpu (lavapipe on CI): seeds and training compute what the CPU computes, and
 //! the allocator's events equal the simulator's `wgpu` profile, event for event.
 
-use cachalot_runtime::compare::{self, CompareOptions};
-use cachalot_runtime::trace::{self, TraceComparison};
+use cachalot_runtime::comparison::{self, CompareOptions, Explanation, FactorKind, compare_runs};
 use cachalot_runtime::{Experiment, SimProfile, SweepParams};
+use cachalot_trace::normalized::{EventDiff, first_difference};
 
 use super::common;
 use super::sim::small_mlps;
@@ -15,16 +15,19 @@ fn seeds_on_wgpu_equals_the_simulator_and_differs_from_pytorch_by_the_workspaces
     let sim = common::run(&Experiment::Seeds, common::sim(SimProfile::wgpu(), false));
     assert_eq!(common::marks(&wgpu), common::marks(&sim));
     assert_eq!(
-        trace::compare(&wgpu.snapshot.trace, &sim.snapshot.trace),
-        TraceComparison::Identical { entries: sim.snapshot.trace.len() },
+        first_difference(&wgpu.snapshot.trace, &sim.snapshot.trace),
+        EventDiff::Identical { entries: sim.snapshot.trace.len() },
         "wgpu's allocator events differ from the simulator's"
     );
     // Against PyTorch: every difference is the workspaces, verified on the simulator.
-    let columns = [compare::load(&common::seeds_expected()).unwrap(), common::column(&wgpu, "wgpu")];
-    let report = compare::compare(&columns, CompareOptions::default());
-    assert!(report.ok(), "{}", report.text);
-    assert!(report.text.contains("reason: cuBLAS/cuBLASLt workspaces"), "{}", report.text);
-    assert!(report.text.contains("verified"), "{}", report.text);
+    let columns = vec![comparison::load(&common::seeds_expected()).unwrap(), common::column(&wgpu, "wgpu")];
+    let comparison = compare_runs(columns, CompareOptions::default());
+    let why = common::describe(&comparison);
+    assert!(comparison.verdict.ok(), "{why}");
+    let Explanation::Tested(test) = &comparison.differences[0].explanation else { panic!("tested: {why}") };
+    let reasons: Vec<FactorKind> = test.factors.iter().filter(|f| f.is_reason()).map(|f| f.factor.kind).collect();
+    assert_eq!(reasons, [FactorKind::Workspaces], "{why}");
+    assert!(test.unexplained.is_empty(), "verified: {why}");
 }
 
 #[test]
@@ -41,14 +44,14 @@ fn mlp_train_on_wgpu_matches_the_cpu_reference_and_the_simulators_events() {
             assert!(rel <= 1e-3, "step {step}: wgpu {g} vs CPU {w} (relative {rel:.2e})");
         }
         assert_eq!(
-            trace::compare(&wgpu.snapshot.trace, &cpu.snapshot.trace),
-            TraceComparison::Identical { entries: cpu.snapshot.trace.len() },
+            first_difference(&wgpu.snapshot.trace, &cpu.snapshot.trace),
+            EventDiff::Identical { entries: cpu.snapshot.trace.len() },
             "{}: wgpu's allocator events differ from the simulator's",
             experiment.name()
         );
-        let report =
-            compare::compare(&[common::column(&cpu, "cpu"), common::column(&wgpu, "wgpu")], Default::default());
-        assert!(report.ok(), "{}", report.text);
+        let comparison =
+            compare_runs(vec![common::column(&cpu, "cpu"), common::column(&wgpu, "wgpu")], Default::default());
+        assert!(comparison.verdict.ok(), "{}", common::describe(&comparison));
     }
 }
 

@@ -1,4 +1,5 @@
-//! Traces made comparable across devices: addresses become (segment index, offset).
+//! Allocator event sequences made comparable across devices: addresses become (segment index,
+//! offset), and [`first_difference`] says where two sequences part.
 //!
 //! Each backend places segments at addresses of its own (CUDA's driver, the simulator's and
 //! the wgpu backend's address spaces), so equal allocator behaviour gives different raw
@@ -76,9 +77,9 @@ pub fn normalize(trace: &[TraceEntry]) -> Vec<NormalizedEntry> {
     out
 }
 
-/// How two normalised traces compare.
+/// Where two normalised event sequences part, if they do.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TraceComparison {
+pub enum EventDiff {
     /// Entry for entry the same.
     Identical {
         /// Entries.
@@ -97,18 +98,31 @@ pub enum TraceComparison {
     Differ {
         /// First differing entry.
         index: usize,
-        /// The first trace's entry there.
+        /// The first sequence's entry there (`None`: it has ended).
         a: Option<NormalizedEntry>,
-        /// The second trace's entry there.
+        /// The second sequence's entry there (`None`: it has ended).
         b: Option<NormalizedEntry>,
     },
 }
 
-/// Compares two traces after normalising them.
-pub fn compare(a: &[TraceEntry], b: &[TraceEntry]) -> TraceComparison {
+impl std::fmt::Display for EventDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |e: &Option<NormalizedEntry>| e.map_or("(end)".to_owned(), |e| e.to_string());
+        match self {
+            EventDiff::Identical { entries } => write!(f, "identical ({entries} events)"),
+            EventDiff::FreeCompletionOnly { entries, moved } => {
+                write!(f, "the same {entries} decisions, {moved} free_completed at another point")
+            }
+            EventDiff::Differ { index, a, b } => write!(f, "differ from event {index}: {} vs {}", show(a), show(b)),
+        }
+    }
+}
+
+/// Normalises two traces and finds where they first differ (see [`EventDiff`]).
+pub fn first_difference(a: &[TraceEntry], b: &[TraceEntry]) -> EventDiff {
     let (na, nb) = (normalize(a), normalize(b));
     if na == nb {
-        return TraceComparison::Identical { entries: na.len() };
+        return EventDiff::Identical { entries: na.len() };
     }
     let decisions = |t: &[NormalizedEntry]| -> Vec<NormalizedEntry> {
         t.iter().filter(|e| e.action != TraceAction::FreeCompleted).copied().collect()
@@ -119,10 +133,10 @@ pub fn compare(a: &[TraceEntry], b: &[TraceEntry]) -> TraceComparison {
     };
     if da == db && completions(&na) == completions(&nb) {
         let moved = na.iter().zip(&nb).filter(|(x, y)| x != y && x.action == TraceAction::FreeCompleted).count();
-        return TraceComparison::FreeCompletionOnly { entries: da.len(), moved };
+        return EventDiff::FreeCompletionOnly { entries: da.len(), moved };
     }
     let index = na.iter().zip(&nb).position(|(x, y)| x != y).unwrap_or(na.len().min(nb.len()));
-    TraceComparison::Differ { index, a: na.get(index).copied(), b: nb.get(index).copied() }
+    EventDiff::Differ { index, a: na.get(index).copied(), b: nb.get(index).copied() }
 }
 
 #[cfg(test)]
@@ -148,7 +162,7 @@ mod tests {
                 entry(FreeCompleted, base + 512, 4),
             ]
         };
-        assert_eq!(compare(&run(0x7f00_0000_0000), &run(0x1_0000_0000)), TraceComparison::Identical { entries: 6 });
+        assert_eq!(first_difference(&run(0x7f00_0000_0000), &run(0x1_0000_0000)), EventDiff::Identical { entries: 6 });
         let n = normalize(&run(0x1000_0000));
         assert_eq!((n[3].segment, n[3].offset), (Some(1), 0));
         assert_eq!((n[1].segment, n[1].offset), (Some(0), 512));
@@ -159,6 +173,14 @@ mod tests {
         late.push(completed);
         let mut early = run(0);
         early.push(entry(Alloc, 1 << 20, 4));
-        assert_eq!(compare(&early, &late), TraceComparison::FreeCompletionOnly { entries: 6, moved: 1 });
+        assert_eq!(first_difference(&early, &late), EventDiff::FreeCompletionOnly { entries: 6, moved: 1 });
+        assert_eq!(
+            first_difference(&early, &late).to_string(),
+            "the same 6 decisions, 1 free_completed at another point"
+        );
+        // One sequence ending early: the difference is at its end.
+        let diff = first_difference(&early[..2], &early);
+        assert_eq!(diff, EventDiff::Differ { index: 2, a: None, b: Some(normalize(&early)[2]) });
+        assert_eq!(diff.to_string(), "differ from event 2: (end) vs segment_alloc 4194304 B at segment 1 + 0x0");
     }
 }

@@ -1,0 +1,155 @@
+//! The comparison of runs: snapshots written by `cachalot run` and PyTorch's `expected.json`
+//! side by side, with the differences and, where it can be known, why. [`compare_runs`]
+//! returns data ([`Comparison`]), not text: the command line renders it as a report, a viewer
+//! panel can show the same reasons.
+//!
+//! The first run is the baseline. For each other run whose marks differ, the reasons are
+//! tested, not guessed: each run's snapshot says what it was (the experiment and parameters)
+//! and the factors that shape its allocator sequence ([`Factors`]: the matrix-product
+//! workspaces, the stream discipline, the allocator settings, the capacity, the largest
+//! segment). The experiment is rerun on the simulator, without computing, with the baseline's
+//! factors (which must give the baseline's marks) and then with the other run's factors
+//! switched in one at a time: a factor that changes the simulated marks is a reason, with the
+//! marks and bytes it accounts for, and when the last simulation gives the other run's marks
+//! exactly, every difference is explained. What is left is unexplained ([`Explanation`]).
+//!
+//! Besides marks: stats (peaks, segment counts, device allocations), time per step, losses
+//! per step (checked against a relative tolerance), the normalised event sequences of every
+//! pair of runs with traces ([`cachalot_trace::normalized`]), and the device limits
+//! (alignment, buffer and binding sizes).
+//!
+//! - [`columns`](Column): the runs, read from their files ([`load`]);
+//! - `explain`: the factors that differ and their test on the simulator;
+//! - `tables`: marks, stats and timings side by side; `losses`; `events`; `limits`.
+
+mod columns;
+mod events;
+mod explain;
+mod limits;
+mod losses;
+mod tables;
+
+pub use columns::{Column, Factors, MarkValue, from_snapshot, load};
+pub use events::{EventComparisons, EventPair, Reproduction};
+pub use explain::{
+    Explanation, FactorDifference, FactorKind, FactorTest, FailedRerun, MarkShift, Simulated, TestedFactor, simulate,
+};
+pub use limits::DeviceLimits;
+pub use losses::{LossCell, LossComparison, LossVerdict};
+pub use tables::{MarkRow, StatRow, TimingRow};
+
+/// Options of [`compare_runs`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompareOptions {
+    /// Largest relative difference of losses accepted.
+    pub loss_tolerance: f64,
+    /// Rerun experiments on the simulator to test reasons.
+    pub verify: bool,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        CompareOptions { loss_tolerance: 1e-3, verify: true }
+    }
+}
+
+/// How one run's marks differ from the baseline's, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunDifference {
+    /// The run (index into [`Comparison::columns`]; never 0, the baseline).
+    pub column: usize,
+    /// Labels whose values differ, with labels only one of the two has.
+    pub marks: Vec<String>,
+    /// The reasons found, and what stays unexplained.
+    pub explanation: Explanation,
+}
+
+/// The counts the verdict is made of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Mark differences no reason accounts for.
+    pub unexplained: usize,
+    /// Loss steps over the tolerance.
+    pub loss_failures: usize,
+    /// Runs that stopped with an error, plus runs with failed checks.
+    pub failed_runs: usize,
+}
+
+impl Verdict {
+    /// Whether nothing is unexplained, losses agree and every run finished with its checks.
+    pub fn ok(&self) -> bool {
+        self.unexplained == 0 && self.loss_failures == 0 && self.failed_runs == 0
+    }
+}
+
+/// Runs side by side (see the module docs). Every per-run vector is in the order of
+/// [`columns`](Self::columns); the first run is the baseline.
+#[derive(Clone, Debug)]
+pub struct Comparison {
+    /// The runs.
+    pub columns: Vec<Column>,
+    /// Every mark of any run, in order of first appearance.
+    pub marks: Vec<MarkRow>,
+    /// The runs whose marks differ from the baseline's, with the reasons.
+    pub differences: Vec<RunDifference>,
+    /// `memory_stats()` at the end; empty when no run has stats.
+    pub stats: Vec<StatRow>,
+    /// Named durations, in order of first appearance.
+    pub timings: Vec<TimingRow>,
+    /// Losses per step, when at least two runs computed.
+    pub losses: Option<LossComparison>,
+    /// Normalised event sequences, when a run has a trace.
+    pub events: Option<EventComparisons>,
+    /// Device limits of the runs that know their device.
+    pub limits: Vec<DeviceLimits>,
+    /// The counts of the verdict.
+    pub verdict: Verdict,
+}
+
+impl Comparison {
+    /// Each run's seconds summed over [`timings`](Self::timings).
+    pub fn total_seconds(&self) -> Vec<f64> {
+        tables::total_seconds(&self.timings, self.columns.len())
+    }
+}
+
+/// Compares runs: the first is the baseline (see the module docs). With
+/// [`CompareOptions::verify`], experiments are rerun on the simulator, which takes a moment
+/// for large ones.
+pub fn compare_runs(columns: Vec<Column>, options: CompareOptions) -> Comparison {
+    let differences = match columns.split_first() {
+        Some((base, others)) => others
+            .iter()
+            .enumerate()
+            .filter_map(|(i, other)| {
+                let marks = explain::mark_differences(&base.marks, &other.marks);
+                (!marks.is_empty()).then(|| RunDifference {
+                    column: i + 1,
+                    marks,
+                    explanation: explain::explain(base, other, options.verify),
+                })
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let losses = losses::compare_losses(&columns, options.loss_tolerance);
+    let verdict = Verdict {
+        unexplained: differences.iter().map(|d: &RunDifference| d.explanation.unexplained().len()).sum(),
+        loss_failures: losses.as_ref().map_or(0, |l| l.failures),
+        failed_runs: columns
+            .iter()
+            .map(|c| usize::from(c.error.is_some()) + usize::from(c.failed_checks().next().is_some()))
+            .sum(),
+    };
+    Comparison {
+        marks: tables::mark_rows(&columns),
+        differences,
+        stats: tables::stat_rows(&columns),
+        timings: tables::timing_rows(&columns),
+        losses,
+        events: events::compare_events(&columns, options.verify),
+        limits: limits::device_limits(&columns),
+        verdict,
+        columns,
+    }
+}

@@ -1,0 +1,126 @@
+//! The side-by-side tables: marks, stats at the end and timings, one value per run.
+
+use cachalot_core::MemoryStats;
+
+use super::columns::{Column, MarkValue};
+
+/// One mark across the runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkRow {
+    /// The label.
+    pub label: String,
+    /// Each run's value (`None`: the run has no such mark).
+    pub values: Vec<Option<MarkValue>>,
+}
+
+impl MarkRow {
+    /// Whether run `column` has this mark and its value differs from the baseline's (the first
+    /// run's).
+    pub fn differs(&self, column: usize) -> bool {
+        column > 0 && self.values.get(column).is_some_and(|v| v.is_some() && Some(v) != self.values.first())
+    }
+}
+
+/// The marks of every run, labels in order of first appearance.
+pub(super) fn mark_rows(columns: &[Column]) -> Vec<MarkRow> {
+    let labels = first_appearances(columns, |c| c.marks.iter().map(|m| m.label.as_str()).collect());
+    let value = |c: &Column, label: &str| c.marks.iter().find(|m| m.label == label).cloned();
+    labels
+        .into_iter()
+        .map(|label| MarkRow { label: label.to_owned(), values: columns.iter().map(|c| value(c, label)).collect() })
+        .collect()
+}
+
+/// The labels of every run, each once, in order of first appearance: a run may lack some.
+fn first_appearances<'a>(columns: &'a [Column], labels_of: impl Fn(&'a Column) -> Vec<&'a str>) -> Vec<&'a str> {
+    let mut labels: Vec<&str> = Vec::new();
+    for label in columns.iter().flat_map(labels_of) {
+        if !labels.contains(&label) {
+            labels.push(label);
+        }
+    }
+    labels
+}
+
+/// One number of `memory_stats()` at the end, across the runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatRow {
+    /// What it counts.
+    pub name: &'static str,
+    /// Each run's value (`None`: the run has no stats).
+    pub values: Vec<Option<i64>>,
+}
+
+impl StatRow {
+    /// Whether run `column`'s value differs from the baseline's (the first run's).
+    pub fn differs(&self, column: usize) -> bool {
+        column > 0 && self.values.get(column) != self.values.first()
+    }
+}
+
+/// Reads one number of the stats.
+type StatOf = fn(&MemoryStats) -> i64;
+
+/// The stats rows; none when no run has stats.
+pub(super) fn stat_rows(columns: &[Column]) -> Vec<StatRow> {
+    let rows: [(&str, StatOf); 8] = [
+        ("peak allocated", |s| s.allocated_bytes.all().peak),
+        ("peak reserved", |s| s.reserved_bytes.all().peak),
+        ("segments at end", |s| s.segment.all().current),
+        ("peak segments", |s| s.segment.all().peak),
+        ("device allocations", |s| s.num_device_alloc as i64),
+        ("allocations", |s| s.allocation.all().allocated),
+        ("alloc retries", |s| s.num_alloc_retries as i64),
+        ("OOMs", |s| s.num_ooms as i64),
+    ];
+    if columns.iter().all(|c| c.stats.is_none()) {
+        return Vec::new();
+    }
+    let row = |(name, get): (&'static str, StatOf)| StatRow {
+        name,
+        values: columns.iter().map(|c| c.stats.as_ref().map(get)).collect(),
+    };
+    rows.into_iter().map(row).collect()
+}
+
+/// One named duration across the runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimingRow {
+    /// The label (`step 0`).
+    pub label: String,
+    /// Each run's seconds (`None`: the run did not time it).
+    pub seconds: Vec<Option<f64>>,
+}
+
+impl TimingRow {
+    /// The seconds of the first run that has this duration: ratios are to it.
+    pub fn baseline(&self) -> Option<f64> {
+        self.seconds.iter().find_map(|s| *s)
+    }
+}
+
+/// The timing rows, labels in order of first appearance.
+pub(super) fn timing_rows(columns: &[Column]) -> Vec<TimingRow> {
+    let labels = first_appearances(columns, |c| c.timings.iter().map(|t| t.label.as_str()).collect());
+    let seconds = |c: &Column, label: &str| c.timings.iter().find(|t| t.label == label).map(|t| t.seconds);
+    labels
+        .into_iter()
+        .map(|label| TimingRow {
+            label: label.to_owned(),
+            seconds: columns.iter().map(|c| seconds(c, label)).collect(),
+        })
+        .collect()
+}
+
+/// Each run's seconds summed over the rows.
+pub(super) fn total_seconds(rows: &[TimingRow], columns: usize) -> Vec<f64> {
+    let mut totals = vec![0.0f64; columns];
+    for row in rows {
+        for (total, s) in totals.iter_mut().zip(&row.seconds) {
+            if let Some(s) = s {
+                *total += s;
+            }
+        }
+    }
+    totals
+}
