@@ -22,7 +22,8 @@ pub struct ViewArgs {
     /// Panel under the timeline: segments, pools, stats, events or compare.
     #[arg(long, default_value = "segments")]
     pub view: String,
-    /// Cursor position (entries applied) for the screenshot; default: the end of the run.
+    /// Cursor position (entries applied) for the screenshot; default: the run's peak of
+    /// allocated memory.
     #[arg(long)]
     pub cursor: Option<usize>,
     /// Screenshot size in points, WIDTHxHEIGHT.

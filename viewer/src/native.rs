@@ -122,7 +122,7 @@ pub struct ScreenshotOptions {
     pub size: egui::Vec2,
     /// Which panel.
     pub view: View,
-    /// Cursor position of every run (default: the end of each).
+    /// Cursor position of every run (default: each run's peak of allocated memory).
     pub cursor: Option<usize>,
     /// Pixels per point.
     pub pixels_per_point: f32,

@@ -15,8 +15,10 @@ use crate::style::{self, BlockKind};
 
 /// Height of a row, in points.
 pub const ROW_HEIGHT: f32 = 18.0;
-/// Width of the label column.
+/// Narrowest label column, in points: room for the address, size, pool and a short stream.
 const LABEL_WIDTH: f32 = 250.0;
+/// Font of the row labels.
+const LABEL_FONT_SIZE: f32 = 11.0;
 
 /// A stretch of a row: a block, or unmapped address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,7 +281,8 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
         rows.len(),
         |ui, range| {
             let width = ui.available_width();
-            let bar_width = (width - LABEL_WIDTH - 8.0).max(50.0);
+            let label_width = label_column_width(ui, &rows[range.clone()], width);
+            let bar_width = (width - label_width - 8.0).max(50.0);
             for row in &rows[range] {
                 let (rect, response) = ui.allocate_exact_size(Vec2::new(width, ROW_HEIGHT), Sense::click_and_drag());
                 let bytes_per_point = match map.per_row_scale {
@@ -287,7 +290,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
                     false => longest as f64 / bar_width as f64 / map.zoom as f64,
                 };
                 let bar = Rect::from_min_max(
-                    Pos2::new(rect.left() + LABEL_WIDTH, rect.top() + 2.0),
+                    Pos2::new(rect.left() + label_width, rect.top() + 2.0),
                     Pos2::new(rect.right(), rect.bottom() - 2.0),
                 );
                 paint_row(ui, row, rect, bar, bytes_per_point, map);
@@ -327,6 +330,27 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
     go
 }
 
+/// A row's label: address, size, pool, stream and whether the segment is expandable.
+fn row_label(row: &Row) -> String {
+    format!(
+        "{} {:>9} {} {}{}",
+        format::address(row.start),
+        format::bytes(row.len()),
+        format::pool_letter(row.pool),
+        format::stream(row.stream),
+        if row.expandable { " exp" } else { "" }
+    )
+}
+
+/// The label column's width for `rows`: the longest label (monospace, so its characters times one
+/// glyph's width) and the stream marker before it, at least [`LABEL_WIDTH`], and at most 45% of
+/// the map's `width`, past which a label is cut at the column's edge.
+fn label_column_width(ui: &egui::Ui, rows: &[Row], width: f32) -> f32 {
+    let longest = rows.iter().map(|row| row_label(row).chars().count()).max().unwrap_or(0);
+    let glyph = ui.fonts_mut(|f| f.glyph_width(&FontId::monospace(LABEL_FONT_SIZE), '0'));
+    (10.0 + longest as f32 * glyph + 12.0).max(LABEL_WIDTH).min((width * 0.45).max(LABEL_WIDTH))
+}
+
 /// Paints a row's label and its pieces; blocks narrower than a point share a pixel, which
 /// takes the colour of the most telling one.
 fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f64, map: &mut SegmentMapState) {
@@ -337,19 +361,13 @@ fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f
         1,
         style::stream_color(row.stream),
     );
-    let label = format!(
-        "{} {:>9} {} {}{}",
-        format::address(row.start),
-        format::bytes(row.len()),
-        format::pool_letter(row.pool),
-        format::stream(row.stream),
-        if row.expandable { " exp" } else { "" }
-    );
-    painter.text(
+    // The label never runs into the bar, however long its stream id (PyTorch's are pointers).
+    let painter_label = ui.painter_at(Rect::from_min_max(rect.min, Pos2::new(bar.left() - 4.0, rect.max.y)));
+    painter_label.text(
         Pos2::new(rect.left() + 10.0, rect.center().y),
         egui::Align2::LEFT_CENTER,
-        label,
-        FontId::monospace(11.0),
+        row_label(row),
+        FontId::monospace(LABEL_FONT_SIZE),
         text,
     );
     let painter = ui.painter_at(bar);

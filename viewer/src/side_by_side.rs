@@ -109,6 +109,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
     let moved = {
         let (ra, rb) = two_mut(tabs, a, b);
         memory_plot(("compare_plot", a, b), x_max, y_max)
+            .legend(egui_plot::Legend::default().position(egui_plot::Corner::LeftTop))
             .height(170.0)
             .show(ui, |plot_ui| {
                 let bounds = plot_ui.plot_bounds();

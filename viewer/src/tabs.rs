@@ -72,9 +72,9 @@ pub struct RunTab {
 }
 
 impl RunTab {
-    /// A tab for `run` with the cursor at its end.
+    /// A tab for `run` with the cursor at its peak ([`peak_cursor`]).
     pub fn new(run: Run) -> Self {
-        let cursor = run.end();
+        let cursor = peak_cursor(&run);
         RunTab {
             run,
             cursor,
@@ -151,6 +151,18 @@ impl RunTab {
             self.cursor = self.run.end();
         }
         notices
+    }
+}
+
+/// Where a run opens: the first moment its allocated memory is at its peak, which is where a
+/// reader of a memory picture looks first (at the end, a run has often freed everything, and the
+/// segment map would show nothing). A run that never allocates opens at its end.
+pub fn peak_cursor(run: &Run) -> usize {
+    let values = run.allocated.values();
+    let peak = values.iter().copied().max().unwrap_or(0);
+    match values.iter().position(|&v| v == peak) {
+        Some(cursor) if peak > 0 => cursor,
+        _ => run.end(),
     }
 }
 

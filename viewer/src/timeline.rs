@@ -2,16 +2,17 @@
 //! markers, and the cursor, which the user drags to any moment.
 
 use egui::Color32;
-use egui_plot::{
-    Corner, FilledArea, GridMark, HoverPosition, Legend, Line, LineStyle, Plot, PlotPoints, PlotUi, VLine,
-};
+use egui_plot::{FilledArea, GridMark, HoverPosition, Line, LineStyle, Plot, PlotPoints, PlotUi, VLine};
 
 use crate::format;
 use crate::model::{Outline, Run};
 use crate::style;
 
-/// Most marks labelled on the timeline (beyond that they would be unreadable).
-const MAX_MARK_LABELS: usize = 40;
+/// Rows of mark labels at the top of the plot; a label that fits in none is left out (its mark's
+/// line stays, and hovering the plot names the entry).
+const MARK_LABEL_ROWS: usize = 3;
+/// Points between two labels of one row.
+const MARK_LABEL_GAP: f32 = 6.0;
 
 /// What the timeline remembers between frames.
 #[derive(Clone, Debug)]
@@ -35,10 +36,10 @@ impl Default for TimelineState {
 
 /// A plot of bytes over trace entries, as the timeline and the side-by-side view draw it: x from 0
 /// to `x_max`, y from 0 to `y_max` on a byte axis, zoom and scroll along x only (a drag moves the
-/// cursor instead of the view).
+/// cursor instead of the view). It has no legend: the timeline says what its lines are in the
+/// row above it, where no label of the plot can hide under it.
 pub fn memory_plot<'a>(id: impl std::hash::Hash + std::fmt::Debug, x_max: f64, y_max: f64) -> Plot<'a> {
     Plot::new(id)
-        .legend(Legend::default().position(Corner::LeftTop))
         .default_x_bounds(0.0, x_max)
         .default_y_bounds(0.0, y_max)
         .allow_drag(false)
@@ -89,6 +90,96 @@ pub fn add_series(plot_ui: &mut PlotUi, name: String, outline: Outline, color: C
     }
 }
 
+/// What the plot's lines and markers are, in a row above it: the counters drawn, then the kinds
+/// of marker this run has.
+fn legend(ui: &mut egui::Ui, run: &Run, show_active: bool) {
+    let swatch = |ui: &mut egui::Ui, color: Color32, name: &str, dashed: bool| {
+        let (rect, _) = ui.allocate_exact_size(egui::vec2(14.0, 10.0), egui::Sense::hover());
+        let y = rect.center().y;
+        let stroke = egui::Stroke::new(2.0, color);
+        if dashed {
+            ui.painter().vline(rect.center().x, rect.y_range(), stroke);
+        } else {
+            ui.painter().hline(rect.x_range(), y, stroke);
+        }
+        ui.label(egui::RichText::new(name).small());
+    };
+    ui.horizontal(|ui| {
+        ui.spacing_mut().item_spacing.x = 4.0;
+        swatch(ui, style::series::RESERVED, "reserved", false);
+        if show_active {
+            swatch(ui, style::series::ACTIVE, "active", false);
+        }
+        swatch(ui, style::series::ALLOCATED, "allocated", false);
+        let markers = [
+            (&run.markers.ooms, style::series::OOM, "OOM"),
+            (&run.markers.empty_cache, style::series::EMPTY_CACHE, "empty_cache"),
+            (&run.markers.retries, style::series::RETRY, "cache released by a malloc"),
+            (&run.markers.collections, Color32::from_gray(150), "garbage collection"),
+        ];
+        for (at, color, name) in markers {
+            if !at.is_empty() {
+                swatch(ui, color, name, true);
+            }
+        }
+        if !run.marks.is_empty() {
+            swatch(ui, MARK_COLOR, "mark", true);
+        }
+    });
+}
+
+/// The colour of marks' lines and labels.
+const MARK_COLOR: Color32 = Color32::from_gray(170);
+
+/// Labels the marks between entries `x0` and `x1` at the top of the plot, each at its entry,
+/// in as many rows as it takes for no two to overlap ([`label_rows`]).
+fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) {
+    let from = run.marks.partition_point(|m| (m.trace_index as f64) < x0);
+    let to = run.marks.partition_point(|m| (m.trace_index as f64) <= x1);
+    let marks = &run.marks[from..to];
+    if marks.is_empty() {
+        return;
+    }
+    let transform = *plot_ui.transform();
+    let font = egui::TextStyle::Small.resolve(&plot_ui.ctx().global_style());
+    let row_height = plot_ui.ctx().fonts_mut(|f| f.row_height(&font)) + 2.0;
+    let spans: Vec<(f32, f32)> = plot_ui.ctx().fonts_mut(|fonts| {
+        marks
+            .iter()
+            .map(|mark| {
+                let left = transform.position_from_point_x(mark.trace_index as f64);
+                let width = fonts.layout_no_wrap(mark.label.clone(), font.clone(), MARK_COLOR).size().x;
+                (left, width)
+            })
+            .collect()
+    });
+    let top = transform.frame().top() + 2.0;
+    for (mark, row) in marks.iter().zip(label_rows(&spans, MARK_LABEL_ROWS, MARK_LABEL_GAP)) {
+        let Some(row) = row else { continue };
+        let y = transform.value_from_position(egui::pos2(0.0, top + row as f32 * row_height)).y;
+        plot_ui.text(
+            egui_plot::Text::new("mark", egui_plot::PlotPoint::new(mark.trace_index as f64, y), mark.label.as_str())
+                .color(MARK_COLOR)
+                .anchor(egui::Align2::LEFT_TOP),
+        );
+    }
+}
+
+/// The row each label goes in, for labels given as `(left, width)` in points in order of
+/// `left`: the first of `rows` rows whose last label ends `gap` before this one starts, or
+/// `None` where every row is taken there. No two labels of a row overlap.
+pub fn label_rows(spans: &[(f32, f32)], rows: usize, gap: f32) -> Vec<Option<usize>> {
+    let mut row_ends = vec![f32::NEG_INFINITY; rows];
+    spans
+        .iter()
+        .map(|&(left, width)| {
+            let row = row_ends.iter().position(|&end| end + gap <= left)?;
+            row_ends[row] = left + width;
+            Some(row)
+        })
+        .collect()
+}
+
 /// Shows the timeline of `run` with the cursor at `cursor`; returns the cursor the user
 /// dragged or clicked to, if any.
 pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineState) -> Option<usize> {
@@ -124,6 +215,7 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         }
         ui.label(cursor_text(run, cursor));
     });
+    legend(ui, run, state.show_active);
 
     let plot = memory_plot(("timeline", run.name.as_str()), x_max, y_max)
         .x_axis_label("trace entry")
@@ -211,18 +303,7 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
             );
         }
         if show_marks && !run.marks.is_empty() {
-            let step = run.marks.len().div_ceil(MAX_MARK_LABELS);
-            for mark in run.marks.iter().step_by(step) {
-                let x = mark.trace_index as f64;
-                if x < x0 || x > x1 {
-                    continue;
-                }
-                plot_ui.text(
-                    egui_plot::Text::new("mark", egui_plot::PlotPoint::new(x, y_max * 0.97), mark.label.as_str())
-                        .color(egui::Color32::from_gray(170))
-                        .anchor(egui::Align2::LEFT_TOP),
-                );
-            }
+            mark_labels(plot_ui, run, x0, x1);
         }
         plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
         let response = plot_ui.response();

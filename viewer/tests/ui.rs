@@ -91,8 +91,10 @@ fn the_comparison_renders() {
 fn dragging_the_timeline_moves_the_cursor_and_the_stats_follow() {
     let mut harness = harness(app_with(vec![common::fixed_run(false)], View::Stats), SIZE, 1.0, true);
     harness.run_steps(3);
-    let end = harness.state().tabs[0].run.end();
-    assert_eq!(harness.state().tabs[0].cursor, end, "a run opens at its end");
+    let tab = &harness.state().tabs[0];
+    let peak = tab.run.allocated.values().iter().copied().max().unwrap();
+    assert!(peak > 0 && tab.run.allocated.at(tab.cursor) == peak, "a run opens at its peak of allocated memory");
+    assert!(tab.run.allocated.values()[..tab.cursor].iter().all(|&v| v < peak), "at the first time it is reached");
 
     let (from, _) = plot_point(&harness, 0.8);
     let (to, expected) = plot_point(&harness, 0.35);
