@@ -11,7 +11,10 @@
 //! - [`ops`]: op files (`a ID SIZE [STREAM]`, `f ID`), the common input of the allocator
 //!   benchmarks, and the timing method of PyTorch's reference harness;
 //! - [`replay`]: a recorded PyTorch trace replayed through the allocator on the simulator, and
-//!   its check against the recording (`cachalot replay --check`).
+//!   its check against the recording (`cachalot replay --check`);
+//! - [`rebuild`]: the segments, blocks and `memory_stats()` a recorded trace describes, rebuilt
+//!   entry by entry (and backwards from the end state where the trace lost its start) without
+//!   running the allocator: what the viewer shows at every point of a recording.
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
@@ -27,6 +30,7 @@
 //! ```
 
 pub mod ops;
+pub mod rebuild;
 pub mod replay;
 pub mod snapshot;
 
