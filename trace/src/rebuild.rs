@@ -31,7 +31,7 @@
 
 use std::collections::BTreeMap;
 
-use cachalot_core::size::{PoolKind, RoundupDivisions, SMALL_BUFFER, round_size};
+use cachalot_core::size::{PoolKind, RoundupDivisions, SMALL_BUFFER, SMALL_SIZE, round_size};
 use cachalot_core::{
     AllocatorConfig, BlockState, ContextId, MemoryStats, SegmentSnapshot, StreamId, TraceAction, TraceEntry,
 };
@@ -263,11 +263,11 @@ fn pool_hint(trace: &[TraceEntry], i: usize, rules: &Rules) -> Option<PoolKind> 
         .map(|e| PoolKind::for_size(rules.round(e.size)))
 }
 
-/// The free remainders of free block `block` when `start..end` (inside it) leaves it; they
-/// keep its stale requested size.
-fn free_remainders(block: &Block, start: u64, end: u64) -> (Option<Block>, Option<Block>) {
-    let before = (block.address < start).then(|| Block::free(block.address, start - block.address, block.requested));
-    let after = (end < block.end()).then(|| Block::free(end, block.end() - end, block.requested));
+/// The free remainders of free block `block` when `start..end` (inside it) leaves it, with the
+/// stale requested size `requested`.
+fn free_remainders(block: &Block, start: u64, end: u64, requested: u64) -> (Option<Block>, Option<Block>) {
+    let before = (block.address < start).then(|| Block::free(block.address, start - block.address, requested));
+    let after = (end < block.end()).then(|| Block::free(end, block.end() - end, requested));
     (before, after)
 }
 
@@ -281,19 +281,55 @@ impl PoolState {
 
     /// The state before the first entry of `trace`, found by walking it backwards from the
     /// `end` state a snapshot recorded (for a trace whose start was dropped). Blocks that
-    /// predate the trace keep their recorded sizes; those freed during it are estimated by
-    /// rounding their requested sizes. Stats are recounted from the blocks
-    /// ([`PoolState::recount_stats`]).
+    /// predate the trace keep their recorded sizes; those freed during it are estimated (see
+    /// [`PoolState::undo`]), and so are the stale requested sizes of free blocks. Stats are
+    /// recounted from the blocks: peaks are the current values and accumulated totals zero,
+    /// the history before the trace being gone.
     pub fn before(trace: &[TraceEntry], end: &[SegmentSnapshot], rules: &Rules) -> Self {
         let mut state = PoolState::empty(rules);
         for s in end {
             state.segments.insert(s.address, Segment::from_snapshot(s));
+            state.block_count += s.blocks.len();
         }
         for e in trace.iter().rev() {
-            state.undo(e, None, rules);
+            state.undo(e, rules);
         }
+        state.absorb_unsplit_ends(rules);
         state.recount_stats(rules);
         state
+    }
+
+    /// Gives the blocks of [`PoolState::before`] whose size was estimated by rounding the free
+    /// remainder after them that their allocation cannot have split off: in the large pool of
+    /// ordinary segments a split leaves more than [`SMALL_SIZE`] free and every freed block is
+    /// larger, so a free block of at most that size after an active one is the active block's
+    /// unsplit end; and a segment of at least `max_split_size` serves only requests of that
+    /// size, which never split, so it holds one block. A larger remainder stays free: the
+    /// block's unsplit end and a free neighbour after it cannot be told apart.
+    fn absorb_unsplit_ends(&mut self, rules: &Rules) {
+        for segment in self.segments.values_mut().filter(|s| s.pool == PoolKind::Large && !s.expandable) {
+            let unsplittable = rules.is_oversize(segment.size);
+            let mut i = 1;
+            while i < segment.blocks.len() {
+                let block = &segment.blocks[i];
+                if block.is_free() && (unsplittable || block.size <= SMALL_SIZE) && Self::give_to_previous(segment, i) {
+                    self.block_count -= 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Merges free block `i` into the active block before it, as its unsplit end; returns
+    /// whether there was such a block.
+    fn give_to_previous(segment: &mut Segment, i: usize) -> bool {
+        if i == 0 || !segment.blocks[i].is_free() || segment.blocks[i - 1].is_free() {
+            return false;
+        }
+        let end = segment.blocks.remove(i);
+        segment.blocks[i - 1].size += end.size;
+        true
     }
 
     /// The segment that contains `address`.
@@ -410,7 +446,10 @@ impl PoolState {
         }
         let split = rules.should_split(pool, free_size, rounded);
         let mut new_blocks = 0;
-        if split && let (_, Some(tail)) = free_remainders(&segment.blocks[i], e.addr, e.addr + rounded) {
+        if split
+            && let (_, Some(tail)) =
+                free_remainders(&segment.blocks[i], e.addr, e.addr + rounded, segment.blocks[i].requested)
+        {
             segment.blocks[i].size = rounded;
             segment.blocks.insert(i + 1, tail);
             new_blocks = 1;
@@ -482,20 +521,22 @@ impl PoolState {
         if let Some(&key) = before.map(|(k, _)| k)
             && let Some(mut prev) = self.segments.remove(&key)
         {
-            self.block_count -= Self::append(&mut prev, segment);
+            self.block_count -= Self::append(&mut prev, segment, true);
             segment = prev;
         }
         let after = e.addr + e.size;
         if self.segments.get(&after).is_some_and(joins)
             && let Some(next) = self.segments.remove(&after)
         {
-            self.block_count -= Self::append(&mut segment, next);
+            self.block_count -= Self::append(&mut segment, next, false);
         }
         self.segments.insert(segment.address, segment);
     }
 
     /// Appends `next` (which starts where `segment` ends); returns how many blocks merged away.
-    fn append(segment: &mut Segment, next: Segment) -> usize {
+    /// Free blocks at the seam merge into the block of the newly mapped pages (`new_is_next`
+    /// says which side that is), which keeps its stale requested size, as `map_block` does.
+    fn append(segment: &mut Segment, next: Segment, new_is_next: bool) -> usize {
         segment.size += next.size;
         let mut blocks = next.blocks.into_iter();
         let mut merged = 0;
@@ -504,6 +545,9 @@ impl PoolState {
             && first.is_free()
         {
             last.size += first.size;
+            if new_is_next {
+                last.requested = first.requested;
+            }
             blocks.next();
             merged = 1;
         }
@@ -527,7 +571,8 @@ impl PoolState {
         let block = segment.blocks.remove(i);
         self.block_count -= 1;
         let mut tail_blocks = segment.blocks.split_off(i);
-        let (before, after) = free_remainders(&block, address, address + size);
+        // The pages leave in the block object; the mapped rests are new blocks (requested 0).
+        let (before, after) = free_remainders(&block, address, address + size, 0);
         self.block_count += usize::from(before.is_some()) + usize::from(after.is_some());
         segment.blocks.extend(before);
         if let Some(after) = after {
@@ -560,7 +605,7 @@ impl PoolState {
     /// Recounts the current value of every stat from the blocks (for a state that was not
     /// reached by replaying from empty); peaks become the current values and the accumulated
     /// totals zero, as after `reset_peak_memory_stats` and `reset_accumulated_memory_stats`.
-    pub fn recount_stats(&mut self, rules: &Rules) {
+    fn recount_stats(&mut self, rules: &Rules) {
         let mut s = PoolState::empty(rules).stats;
         let mut blocks = 0;
         for segment in self.segments.values() {
@@ -588,16 +633,22 @@ impl PoolState {
         self.block_count = blocks;
     }
 
-    /// Undoes entry `e` (walking a trace backwards from its end state, to find the state
-    /// before its first entry when earlier entries were dropped). Block sizes of frees are
-    /// taken from `block_size` where a forward pass knew them, else from rounding the request.
-    pub fn undo(&mut self, e: &TraceEntry, block_size: Option<u64>, rules: &Rules) {
+    /// Undoes entry `e` (walking a trace backwards from its end state, for
+    /// [`PoolState::before`]). The block of a completed free gets the rounded requested size
+    /// (see [`PoolState::absorb_unsplit_ends`] for what it may have had beyond).
+    fn undo(&mut self, e: &TraceEntry, rules: &Rules) {
         match e.action {
             TraceAction::Alloc => {
-                if let Ok((segment, i)) = self.block_at_mut(e.addr) {
+                if let Ok((segment, mut i)) = self.block_at_mut(e.addr) {
+                    // An allocation takes the start of a free block, so the block before it was
+                    // active: a free block there is the unsplit end of the one before that,
+                    // whose size was estimated.
+                    let absorbed = i >= 1 && Self::give_to_previous(segment, i - 1);
+                    i -= usize::from(absorbed);
                     segment.blocks[i].state = BlockState::Inactive;
                     segment.blocks[i].event = NO_EVENT;
-                    Self::merge_free_neighbours(segment, i);
+                    let (_, merged, _) = Self::merge_free_neighbours(segment, i);
+                    self.block_count -= merged + usize::from(absorbed);
                 }
             }
             TraceAction::FreeRequested => {
@@ -613,8 +664,9 @@ impl PoolState {
                     return;
                 }
                 let free = segment.blocks.remove(i);
-                let size = block_size.unwrap_or_else(|| rules.round(e.size)).clamp(1, free.end() - e.addr);
-                let (before, after) = free_remainders(&free, e.addr, e.addr + size);
+                let size = rules.round(e.size).clamp(1, free.end() - e.addr);
+                let (before, after) = free_remainders(&free, e.addr, e.addr + size, free.requested);
+                let remainders = usize::from(before.is_some()) + usize::from(after.is_some());
                 let freed = Block {
                     address: e.addr,
                     size,
@@ -624,14 +676,18 @@ impl PoolState {
                     context: e.context,
                 };
                 segment.blocks.splice(i..i, before.into_iter().chain([freed]).chain(after));
+                self.block_count += remainders;
             }
             TraceAction::SegmentAlloc => {
-                self.segments.remove(&e.addr);
+                if let Some(segment) = self.segments.remove(&e.addr) {
+                    self.block_count -= segment.blocks.len();
+                }
             }
             TraceAction::SegmentFree => {
                 if self.segment_at(e.addr).is_none() {
                     let pool = rules.pool_for_segment(e.action, e.size);
                     self.segments.insert(e.addr, Segment::from_entry(e, pool, false, NO_EVENT));
+                    self.block_count += 1;
                 }
             }
             TraceAction::SegmentMap => {
