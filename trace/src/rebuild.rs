@@ -280,9 +280,11 @@ impl PoolState {
     }
 
     /// The state before the first entry of `trace`, found by walking it backwards from the
-    /// `end` state a snapshot recorded (for a trace whose start was dropped). Blocks that
-    /// predate the trace keep their recorded sizes; those freed during it are estimated (see
-    /// [`PoolState::undo`]), and so are the stale requested sizes of free blocks. Stats are
+    /// `end` state a snapshot recorded (for a trace whose start was dropped). Blocks still
+    /// live at the end keep their recorded sizes. A block allocated before the trace and freed
+    /// during it gets its rounded request plus whatever free end its allocation provably did
+    /// not split off; a free end of more than 1 MiB stays free, since the trace cannot tell it
+    /// from a free neighbour. The stale requested sizes of free blocks are guesses. Stats are
     /// recounted from the blocks: peaks are the current values and accumulated totals zero,
     /// the history before the trace being gone.
     pub fn before(trace: &[TraceEntry], end: &[SegmentSnapshot], rules: &Rules) -> Self {

@@ -4,7 +4,7 @@
 //! egui/eframe app that runs on the desktop and in the browser.
 //!
 //! - [`model`]: a loaded run and the allocator's state at any point of its trace, rebuilt
-//!   fast from checkpoints;
+//!   fast from checkpoints (the state and its rules are `cachalot_trace::rebuild`'s);
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
 //! - [`live`]: experiments that stream their trace into the viewer while they run;
 //! - [`app`]: [`app::ViewerApp`], which holds all state, and one module per panel:

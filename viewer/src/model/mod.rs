@@ -1,8 +1,14 @@
 //! A loaded run: its trace, and the allocator's state at any point of it, fast.
 //!
+//! The state of one moment ([`PoolState`]: segments, blocks, `memory_stats()`) and the rules
+//! that take it from one trace entry to the next are `cachalot_trace::rebuild`'s, shared with
+//! the command line's tests and checked against the allocator there; this module adds what
+//! makes a whole run browsable: checkpoints, seeking, the byte series, the markers of
+//! `empty_cache` calls and retries, and the check of the rebuilt end state against the file's.
+//!
 //! # How the state at a moment is found
 //!
-//! Loading replays the trace once through [`PoolState::apply`] (PyTorch's split, merge and
+//! Loading applies the trace once ([`PoolState::apply_entry`]: PyTorch's split, merge and
 //! stat rules on a map of segments and blocks) and keeps:
 //!
 //! - the allocated, active and reserved bytes after every entry ([`Series`]: 24 bytes per
@@ -22,8 +28,9 @@
 //! PyTorch's history is a ring buffer: once full, the oldest entries are gone and the trace
 //! starts from a state it does not describe. Like PyTorch's memory_viz, the state before the
 //! first entry is then found by walking the trace backwards from the snapshot's end state
-//! ([`PoolState::undo`]); the sizes of blocks that were allocated before the trace began are
-//! estimated by rounding their requested sizes. The run then says so ([`Run::initial_inferred`]).
+//! ([`PoolState::before`]); the sizes of blocks that were allocated before the trace began and
+//! freed during it are estimated from their requested sizes. The run then says so
+//! ([`Run::initial_inferred`]).
 //! Replaying through `cachalot_trace::replay` instead was not chosen: it needs a complete trace
 //! too, and it shows cachalot's decisions rather than what the recording says happened.
 
