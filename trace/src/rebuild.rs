@@ -768,4 +768,26 @@ mod tests {
         }
         assert!(s.apply(0, &entry(TraceAction::FreeRequested, 1, 1), None, &rules).is_err());
     }
+
+    #[test]
+    fn a_block_freed_after_a_dropped_start_gets_back_its_unsplit_end() {
+        use cachalot_core::{CachingAllocator, SimBackend};
+        let mut a = CachingAllocator::new(SimBackend::new(1 << 34), AllocatorConfig::default()).unwrap();
+        a.record_history(true, usize::MAX, &[], false);
+        let _x = a.malloc(3 << 20, StreamId::DEFAULT).unwrap();
+        // 17 MiB free, 16 MiB + 512 asked: the block is all 17 MiB, the rest not split off.
+        let y = a.malloc((16 << 20) + 1, StreamId::DEFAULT).unwrap();
+        let at_cut = a.snapshot();
+        let cut = a.trace().len();
+        a.free(y).unwrap();
+        let rules = Rules::default();
+        let before = PoolState::before(&a.trace()[cut..], &a.snapshot(), &rules);
+        let rebuilt: Vec<(u64, u64)> =
+            before.segments.values().flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size))).collect();
+        let recorded: Vec<(u64, u64)> =
+            at_cut.iter().flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size))).collect();
+        assert_eq!(rebuilt, recorded);
+        assert_eq!(before.stats.allocated_bytes.all().current, 20 << 20);
+        assert_eq!(before.block_count, 2);
+    }
 }
