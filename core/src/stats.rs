@@ -101,6 +101,18 @@ impl StatArray {
         self.0[pool_index(pool)].decrease(amount);
     }
 
+    /// Moves `all` and the bucket of `pool` by a signed net amount, as one increase or one
+    /// decrease: PyTorch applies the net change of a merge this way, which keeps `allocated`
+    /// and `freed` different from two separate updates.
+    #[inline]
+    pub fn add(&mut self, pool: PoolKind, delta: i64) {
+        if delta > 0 {
+            self.increase(pool, delta as u64);
+        } else if delta < 0 {
+            self.decrease(pool, delta.unsigned_abs());
+        }
+    }
+
     fn for_each(&mut self, f: impl Fn(&mut Stat)) {
         self.0.iter_mut().for_each(f);
     }
@@ -239,6 +251,105 @@ impl MemoryStats {
     /// `max_memory_reserved()`.
     pub fn max_memory_reserved(&self) -> u64 {
         self.reserved_bytes.all().peak as u64
+    }
+
+    /// The counters of a block handed out (`alloc_found_block`): `size` is the block's
+    /// (rounded) size, `requested` the bytes asked for, `oversize` whether `size` reaches
+    /// `max_split_size`.
+    #[inline]
+    pub fn count_alloc(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
+        self.allocation.increase(pool, 1);
+        self.allocated_bytes.increase(pool, size);
+        self.active.increase(pool, 1);
+        self.active_bytes.increase(pool, size);
+        self.requested_bytes.increase(pool, requested);
+        if oversize {
+            self.oversize_allocations.increase(1);
+        }
+    }
+
+    /// The inactive-split accounting of `alloc_found_block`: a free block of `block_size` bytes,
+    /// in a segment that was `already_split`, serves `rounded` bytes and is `split` or not.
+    /// Blocks of expandable segments stay out of it: their free pages can always be released.
+    #[inline]
+    pub fn count_split_on_alloc(
+        &mut self,
+        pool: PoolKind,
+        expandable: bool,
+        already_split: bool,
+        split: bool,
+        block_size: u64,
+        rounded: u64,
+    ) {
+        if expandable {
+            return;
+        }
+        if split && already_split {
+            // An inactive split block shrinks by the carved size.
+            self.inactive_split_bytes.decrease(pool, rounded);
+        } else if split {
+            // A new inactive split block appears.
+            self.inactive_split_bytes.increase(pool, block_size - rounded);
+            self.inactive_split.increase(pool, 1);
+        } else if already_split {
+            // The whole inactive split block is handed out.
+            self.inactive_split_bytes.decrease(pool, block_size);
+            self.inactive_split.decrease(pool, 1);
+        }
+    }
+
+    /// The counters of a `free_requested` block of `size` bytes: it is no longer allocated
+    /// (still active until its free completes).
+    #[inline]
+    pub fn count_free_requested(&mut self, pool: PoolKind, size: u64, oversize: bool) {
+        self.allocation.decrease(pool, 1);
+        self.allocated_bytes.decrease(pool, size);
+        if oversize {
+            self.oversize_allocations.decrease(1);
+        }
+    }
+
+    /// The counters of a completed free (`free_block`): the block of `size` bytes is no longer
+    /// active, and the inactive split blocks change by the net effect of its merges
+    /// (`net_blocks`, `net_bytes`; none for expandable segments, see
+    /// [`MemoryStats::count_split_on_alloc`]).
+    #[inline]
+    pub fn count_free_completed(&mut self, pool: PoolKind, size: u64, requested: u64, split_net: Option<(i64, i64)>) {
+        if let Some((net_blocks, net_bytes)) = split_net {
+            self.inactive_split.add(pool, net_blocks);
+            self.inactive_split_bytes.add(pool, net_bytes);
+        }
+        self.active.decrease(pool, 1);
+        self.active_bytes.decrease(pool, size);
+        self.requested_bytes.decrease(pool, requested);
+    }
+
+    /// The counters of a device allocation of `size` bytes (`cudaMalloc`; for a page mapping of
+    /// an expandable segment, which is no segment of its own, only the bytes and the call).
+    #[inline]
+    pub fn count_device_alloc(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
+        if segment {
+            self.segment.increase(pool, 1);
+            if oversize {
+                self.oversize_segments.increase(1);
+            }
+        }
+        self.reserved_bytes.increase(pool, size);
+        self.num_device_alloc += 1;
+    }
+
+    /// The counters of a device free of `size` bytes (`cudaFree`, or a page unmapping): the
+    /// reverse of [`MemoryStats::count_device_alloc`].
+    #[inline]
+    pub fn count_device_free(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
+        if segment {
+            self.segment.decrease(pool, 1);
+            if oversize {
+                self.oversize_segments.decrease(1);
+            }
+        }
+        self.reserved_bytes.decrease(pool, size);
+        self.num_device_free += 1;
     }
 
     /// `reset_peak_memory_stats()`: every peak becomes its current value.

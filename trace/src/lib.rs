@@ -15,6 +15,9 @@
 //!   replay --check`);
 //! - [`normalized`]: allocator event sequences with addresses as segment index + offset, so runs
 //!   on different devices compare event for event ([`normalized::first_difference`]).
+//! - [`rebuild`]: the segments, blocks and `memory_stats()` a recorded trace describes, rebuilt
+//!   entry by entry (and backwards from the end state where the trace lost its start) without
+//!   running the allocator: what the viewer shows at every point of a recording.
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
@@ -31,6 +34,7 @@
 
 pub mod normalized;
 pub mod ops;
+pub mod rebuild;
 pub mod replay;
 pub mod snapshot;
 

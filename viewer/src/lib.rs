@@ -5,7 +5,7 @@
 //!
 //! - [`format`] and [`style`]: how numbers read and how things look, for every panel;
 //! - [`model`]: a loaded run and the allocator's state at any point of its trace, rebuilt
-//!   fast from checkpoints;
+//!   fast from checkpoints (the state and its rules are `cachalot_trace::rebuild`'s);
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
 //! - [`live`]: experiments that stream their trace into the viewer while they run;
 //! - the panels of one run, each a module with a `ui` function: [`timeline`], [`segments`],

@@ -126,8 +126,7 @@ impl<B: Backend> CachingAllocator<B> {
 
         let (stream, pool) = (self.blocks[id].stream, self.blocks[id].pool);
         self.total_allocated_memory += mapped;
-        self.stats.reserved_bytes.increase(pool, mapped);
-        self.stats.num_device_alloc += 1;
+        self.stats.count_device_alloc(pool, mapped, false, false);
         self.record(TraceAction::SegmentMap, ptr, mapped, stream, self.current_context);
         if self.blocks[id].prev == NIL && self.segments[segment].context.is_none() {
             self.segments[segment].context = self.current_context;
@@ -176,8 +175,7 @@ impl<B: Backend> CachingAllocator<B> {
 
         let pool = self.blocks[id].pool;
         self.total_allocated_memory -= unmapped_size;
-        self.stats.reserved_bytes.decrease(pool, unmapped_size);
-        self.stats.num_device_free += 1;
+        self.stats.count_device_free(pool, unmapped_size, false, false);
         let context = self.current_context.or(self.segments[segment].context);
         self.record(TraceAction::SegmentUnmap, unmapped_ptr, unmapped_size, stream, context);
         Ok(())

@@ -30,13 +30,10 @@ impl<B: Backend> CachingAllocator<B> {
         b.allocated = false;
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
         let block_context = if self.contexts_used { self.blocks.context(id) } else { None };
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size);
+        let oversize = self.is_oversize(size);
+        self.stats.count_free_requested(pool, size, oversize);
         let context = self.current_context.or(block_context);
         self.record(TraceAction::FreeRequested, ptr, requested, stream, context);
-        if self.is_oversize(size) {
-            self.stats.oversize_allocations.decrease(1);
-        }
         if events.is_empty() {
             self.free_block(id);
         } else {
@@ -181,13 +178,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
         // Fully free pages of expandable segments can always be released, so PyTorch leaves
         // them out of the inactive-split accounting.
-        if !expandable {
-            apply(&mut self.stats.inactive_split, pool, net_blocks);
-            apply(&mut self.stats.inactive_split_bytes, pool, net_bytes);
-        }
-        self.stats.active.decrease(pool, 1);
-        self.stats.active_bytes.decrease(pool, original_size);
-        self.stats.requested_bytes.decrease(pool, requested);
+        let split_net = (!expandable).then_some((net_blocks, net_bytes));
+        self.stats.count_free_completed(pool, original_size, requested, split_net);
     }
 
     /// `try_merge_blocks`: `dst` (out of every set) absorbs the free neighbour `src`; returns the
@@ -224,14 +216,5 @@ impl<B: Backend> CachingAllocator<B> {
         self.blocks[dst].size += src_size;
         self.blocks.remove(src);
         src_size
-    }
-}
-
-/// PyTorch applies a net change as one increase or one decrease.
-fn apply(stat: &mut crate::stats::StatArray, pool: crate::size::PoolKind, delta: i64) {
-    if delta > 0 {
-        stat.increase(pool, delta as u64);
-    } else if delta < 0 {
-        stat.decrease(pool, delta.unsigned_abs());
     }
 }

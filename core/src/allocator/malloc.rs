@@ -149,6 +149,7 @@ impl<B: Backend> CachingAllocator<B> {
         let already_split = self.blocks[found].is_split();
         let expandable = self.blocks[found].expandable;
         let pool = request.pool;
+        let found_size = self.blocks[found].size;
         let mut block = found;
         if split {
             let remaining = found;
@@ -160,23 +161,9 @@ impl<B: Backend> CachingAllocator<B> {
             let tail = &mut self.blocks[remaining];
             tail.ptr += request.size;
             tail.size -= request.size;
-            let tail_size = tail.size;
             self.insert_free(remaining);
-            if !expandable {
-                if already_split {
-                    // An inactive split block shrinks by the carved size.
-                    self.stats.inactive_split_bytes.decrease(pool, request.size);
-                } else {
-                    // A new inactive split block appears.
-                    self.stats.inactive_split_bytes.increase(pool, tail_size);
-                    self.stats.inactive_split.increase(pool, 1);
-                }
-            }
-        } else if already_split && !expandable {
-            let size = self.blocks[block].size;
-            self.stats.inactive_split_bytes.decrease(pool, size);
-            self.stats.inactive_split.decrease(pool, 1);
         }
+        self.stats.count_split_on_alloc(pool, expandable, already_split, split, found_size, request.size);
 
         let context = self.current_context;
         if self.contexts_used {
@@ -190,15 +177,8 @@ impl<B: Backend> CachingAllocator<B> {
         let (ptr, size, stream, generation) = (b.ptr, b.size, b.stream, b.generation);
         self.record(TraceAction::Alloc, ptr, requested, stream, context);
 
-        let stats = &mut self.stats;
-        stats.allocation.increase(pool, 1);
-        stats.allocated_bytes.increase(pool, size);
-        stats.active.increase(pool, 1);
-        stats.active_bytes.increase(pool, size);
-        stats.requested_bytes.increase(pool, requested);
-        if self.is_oversize(size) {
-            self.stats.oversize_allocations.increase(1);
-        }
+        let oversize = self.is_oversize(size);
+        self.stats.count_alloc(pool, size, requested, oversize);
         Allocation { allocator: self.id, block, generation, stream, address: ptr, size, requested }
     }
 
@@ -237,12 +217,8 @@ impl<B: Backend> CachingAllocator<B> {
         });
         let block = self.blocks.insert(Block::new(ptr, size, request.stream, request.pool, segment));
         self.segments[segment].head = block;
-        self.stats.segment.increase(request.pool, 1);
-        self.stats.reserved_bytes.increase(request.pool, size);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.increase(1);
-        }
-        self.stats.num_device_alloc += 1;
+        let oversize = self.is_oversize(size);
+        self.stats.count_device_alloc(request.pool, size, true, oversize);
         self.record(TraceAction::SegmentAlloc, ptr, size, request.stream, self.current_context);
         Ok(Some(block))
     }

@@ -52,15 +52,11 @@ impl<B: Backend> CachingAllocator<B> {
         let (ptr, size, stream, pool, segment) = (b.ptr, b.size, b.stream, b.pool, b.segment);
         // Ask the device first: if it fails, nothing here has changed.
         self.backend.free_segment(ptr, size)?;
-        self.stats.num_device_free += 1;
+        let oversize = self.is_oversize(size);
+        self.stats.count_device_free(pool, size, true, oversize);
         let context = self.current_context.or(self.segments[segment].context);
         self.record(TraceAction::SegmentFree, ptr, size, stream, context);
         self.total_allocated_memory -= size;
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.decrease(1);
-        }
         self.remove_free(id);
         self.blocks.remove(id);
         self.segments.remove(segment);

@@ -1,8 +1,14 @@
 //! A loaded run: its trace, and the allocator's state at any point of it, fast.
 //!
+//! The state of one moment ([`PoolState`]: segments, blocks, `memory_stats()`) and the rules
+//! that take it from one trace entry to the next are `cachalot_trace::rebuild`'s, shared with
+//! the command line's tests and checked against the allocator there; this module adds what
+//! makes a whole run browsable: checkpoints, seeking, the byte series, the markers of
+//! `empty_cache` calls and retries, and the check of the rebuilt end state against the file's.
+//!
 //! # How the state at a moment is found
 //!
-//! Loading replays the trace once through [`PoolState::apply`] (PyTorch's split, merge and
+//! Loading applies the trace once ([`PoolState::apply_entry`]: PyTorch's split, merge and
 //! stat rules on a map of segments and blocks) and keeps:
 //!
 //! - the allocated, active and reserved bytes after every entry ([`Series`]: 24 bytes per
@@ -22,21 +28,22 @@
 //! PyTorch's history is a ring buffer: once full, the oldest entries are gone and the trace
 //! starts from a state it does not describe. Like PyTorch's memory_viz, the state before the
 //! first entry is then found by walking the trace backwards from the snapshot's end state
-//! ([`PoolState::undo`]); the sizes of blocks that were allocated before the trace began are
-//! estimated by rounding their requested sizes. The run then says so ([`Run::initial_inferred`]).
+//! ([`PoolState::before`]); the sizes of blocks that were allocated before the trace began and
+//! freed during it are estimated from their requested sizes. The run then says so
+//! ([`Run::initial_inferred`]).
 //! Replaying through `cachalot_trace::replay` instead was not chosen: it needs a complete trace
 //! too, and it shows cachalot's decisions rather than what the recording says happened.
 
 pub mod series;
-pub mod state;
 
-use cachalot_core::size::PoolKind;
 use cachalot_core::{BlockState, DeviceFacts, Mark, MemoryStats, SegmentSnapshot, TraceAction, TraceEntry};
 
 use cachalot_core::trace::ContextTable;
 
 pub use series::{Band, Outline, Series};
-pub use state::{Anomaly, Block, NO_EVENT, PoolState, Rules, Segment};
+// The state of one moment is the trace crate's rebuild; re-exported because it is the
+// model's vocabulary (what `Run::seek` returns, what the panels draw).
+pub use cachalot_trace::rebuild::{Anomaly, Block, NO_EVENT, PoolState, Rules, Segment};
 
 /// Fewest entries between two checkpoints.
 const CHECKPOINT_MIN: usize = 1024;
@@ -179,16 +186,6 @@ pub struct Run {
     /// The state after `processed` entries.
     head: PoolState,
     processed: usize,
-}
-
-/// The pool a `segment_alloc` / `segment_map` at `i` was made for: the pool of the allocation
-/// that follows the run of segment creations (`None` if none follows yet).
-fn pool_hint(trace: &[TraceEntry], i: usize, rules: &Rules) -> Option<PoolKind> {
-    trace[i..]
-        .iter()
-        .find(|e| !matches!(e.action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
-        .filter(|e| e.action == TraceAction::Alloc)
-        .map(|e| PoolKind::for_size(rules.round(e.size)))
 }
 
 impl Run {
@@ -365,12 +362,7 @@ impl Run {
                 }
                 _ => {}
             }
-            let hint = if matches!(e.action, TraceAction::SegmentAlloc | TraceAction::SegmentMap) {
-                pool_hint(&self.trace, i, &self.rules)
-            } else {
-                None
-            };
-            if let Err(anomaly) = self.head.apply(index, &e, hint, &self.rules) {
+            if let Err(anomaly) = self.head.apply_entry(&self.trace, i, &self.rules) {
                 self.anomaly_count += 1;
                 if self.anomalies.len() < ANOMALIES_KEPT {
                     self.anomalies.push(anomaly);
@@ -392,12 +384,8 @@ impl Run {
 
     /// Replays entry `i` onto `state` (for [`Run::seek`]).
     fn replay_one(&self, state: &mut PoolState, i: usize) {
-        let e = &self.trace[i];
-        let hint = match e.action {
-            TraceAction::SegmentAlloc | TraceAction::SegmentMap => pool_hint(&self.trace, i, &self.rules),
-            _ => None,
-        };
-        let _ = state.apply(i as u32, e, hint, &self.rules);
+        // Anomalies were collected when the entry was first processed.
+        let _ = state.apply_entry(&self.trace, i, &self.rules);
         if let Ok(k) = self.extras.binary_search_by_key(&(i as u32), |x| x.index) {
             apply_extra(&mut state.stats, self.extras[k]);
         }
@@ -465,14 +453,7 @@ impl Run {
 
     fn start_from_inferred_state(&mut self) {
         let Some(recorded) = &self.recorded_end else { return };
-        let mut state = PoolState::empty(&self.rules);
-        for s in recorded {
-            state.segments.insert(s.address, segment_from_snapshot(s));
-        }
-        for e in self.trace.iter().rev() {
-            state.undo(e, None, &self.rules);
-        }
-        state.recount_stats(&self.rules);
+        let state = PoolState::before(&self.trace, recorded, &self.rules);
         // With no entries there is nothing before or after: the end state is all there is.
         self.initial_inferred = !self.trace.is_empty();
         self.reset_to(state);
@@ -485,31 +466,6 @@ fn apply_extra(stats: &mut MemoryStats, extra: Extra) {
     }
     if extra.retry {
         stats.num_alloc_retries += 1;
-    }
-}
-
-/// Our form of a recorded segment.
-pub fn segment_from_snapshot(s: &SegmentSnapshot) -> Segment {
-    Segment {
-        address: s.address,
-        size: s.total_size,
-        stream: s.stream,
-        pool: s.pool,
-        expandable: s.is_expandable,
-        event: NO_EVENT,
-        context: s.context,
-        blocks: s
-            .blocks
-            .iter()
-            .map(|b| Block {
-                address: b.address,
-                size: b.size,
-                requested: b.requested_size,
-                state: b.state,
-                event: NO_EVENT,
-                context: b.context,
-            })
-            .collect(),
     }
 }
 
@@ -576,6 +532,7 @@ fn compare_end_state(state: &PoolState, recorded: &[SegmentSnapshot]) -> Verific
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cachalot_core::size::PoolKind;
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
     use cachalot_trace::Snapshot;
 

@@ -1,18 +1,40 @@
-//! The allocator's segments, blocks and `memory_stats()` rebuilt from its trace.
+//! The allocator's segments, blocks and `memory_stats()` rebuilt from a recorded trace, entry
+//! by entry, without running the allocator.
 //!
 //! A trace says *what* happened (`alloc` at an address, `free_completed`, `segment_alloc`, ...)
 //! but not the block sizes: an `alloc` carries the requested bytes, and whether the free block
-//! it came from was split depends on the state. [`PoolState::apply`] replays each entry with
-//! PyTorch 2.11's rules (`round_size`, `should_split`, merging of free neighbours, the
-//! inactive-split accounting), so the state it rebuilds is the allocator's, block for block.
-//! Expandable segments are kept the way `torch.cuda.memory_snapshot()` reports them: one
-//! segment per contiguous mapped range.
+//! it came from was split depends on the state. [`PoolState::apply`] applies each entry with
+//! PyTorch 2.11's rules, taken from `cachalot-core` (`round_size`, `should_split`, and the stat
+//! updates of [`MemoryStats`]'s `count_*` methods), plus the merging of free neighbours, so the
+//! state it rebuilds is the allocator's, block for block. Expandable segments are kept the way
+//! `torch.cuda.memory_snapshot()` reports them: one segment per contiguous mapped range.
+//!
+//! # Why a second model beside the allocator
+//!
+//! Replaying the *calls* of a trace through `CachingAllocator` ([`crate::replay`]) answers
+//! "what would cachalot do"; a viewer of a recording must answer "what happened", and the two
+//! differ where the policy cannot reproduce the recording:
+//!
+//! - traces of other PyTorch versions, of private MemPools and CUDA-graph pools, or with
+//!   settings the simulator lacks: the replay diverges, the recording stays true;
+//! - traces whose start the ring buffer of `_record_memory_history(max_entries)` dropped: the
+//!   replay refuses them (a free of memory it never allocated), while [`PoolState::before`]
+//!   walks the trace backwards from the snapshot's end state to the state before its first
+//!   entry;
+//! - states *between* the entries of one allocator call (after a `segment_alloc`, before the
+//!   `alloc` it was made for; between a `free_requested` and its `free_completed`): the
+//!   allocator changes state one call at a time, the rebuild one entry at a time.
+//!
+//! It holds no policy of its own: it never chooses a block or a segment, it only applies the
+//! consequences the trace records. `trace/tests/rebuild_matches_core.rs` checks it against the
+//! allocator on every reference trace, at many points of each.
 
 use std::collections::BTreeMap;
 
-use cachalot_core::size::{PoolKind, RoundupDivisions, SMALL_BUFFER, round_size};
-use cachalot_core::stats::StatArray;
-use cachalot_core::{AllocatorConfig, BlockState, ContextId, MemoryStats, StreamId, TraceAction, TraceEntry};
+use cachalot_core::size::{PoolKind, RoundupDivisions, SMALL_BUFFER, SMALL_SIZE, round_size};
+use cachalot_core::{
+    AllocatorConfig, BlockState, ContextId, MemoryStats, SegmentSnapshot, StreamId, TraceAction, TraceEntry,
+};
 
 /// "No trace entry" in the `event` fields.
 pub const NO_EVENT: u32 = u32::MAX;
@@ -146,6 +168,31 @@ impl Segment {
         }
     }
 
+    /// A segment as a snapshot recorded it (blocks made by no entry of the trace).
+    pub fn from_snapshot(s: &SegmentSnapshot) -> Self {
+        Segment {
+            address: s.address,
+            size: s.total_size,
+            stream: s.stream,
+            pool: s.pool,
+            expandable: s.is_expandable,
+            event: NO_EVENT,
+            context: s.context,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    address: b.address,
+                    size: b.size,
+                    requested: b.requested_size,
+                    state: b.state,
+                    event: NO_EVENT,
+                    context: b.context,
+                })
+                .collect(),
+        }
+    }
+
     /// One past the last byte.
     pub fn end(&self) -> u64 {
         self.address + self.size
@@ -199,12 +246,29 @@ pub struct PoolState {
     pub block_count: usize,
 }
 
-fn pool_add(array: &mut StatArray, pool: PoolKind, delta: i64) {
-    if delta > 0 {
-        array.increase(pool, delta as u64);
-    } else if delta < 0 {
-        array.decrease(pool, delta.unsigned_abs());
-    }
+/// Why no block fits an entry: its address is outside every segment, or no block of the state
+/// it needs starts there.
+enum Miss {
+    NoSegment,
+    NoBlock,
+}
+
+/// The pool a `segment_alloc` / `segment_map` at `trace[i]` was made for: the pool of the
+/// allocation that follows its run of segment creations (`None` if none follows, yet).
+fn pool_hint(trace: &[TraceEntry], i: usize, rules: &Rules) -> Option<PoolKind> {
+    trace[i..]
+        .iter()
+        .find(|e| !matches!(e.action, TraceAction::SegmentAlloc | TraceAction::SegmentMap))
+        .filter(|e| e.action == TraceAction::Alloc)
+        .map(|e| PoolKind::for_size(rules.round(e.size)))
+}
+
+/// The free remainders of free block `block` when `start..end` (inside it) leaves it, with the
+/// stale requested size `requested`.
+fn free_remainders(block: &Block, start: u64, end: u64, requested: u64) -> (Option<Block>, Option<Block>) {
+    let before = (block.address < start).then(|| Block::free(block.address, start - block.address, requested));
+    let after = (end < block.end()).then(|| Block::free(end, block.end() - end, requested));
+    (before, after)
 }
 
 impl PoolState {
@@ -215,9 +279,64 @@ impl PoolState {
         state
     }
 
+    /// The state before the first entry of `trace`, found by walking it backwards from the
+    /// `end` state a snapshot recorded (for a trace whose start was dropped). Blocks still
+    /// live at the end keep their recorded sizes. A block allocated before the trace and freed
+    /// during it gets its rounded request plus whatever free end its allocation provably did
+    /// not split off; a free end of more than 1 MiB stays free, since the trace cannot tell it
+    /// from a free neighbour. The stale requested sizes of free blocks are guesses. Stats are
+    /// recounted from the blocks: peaks are the current values and accumulated totals zero,
+    /// the history before the trace being gone.
+    pub fn before(trace: &[TraceEntry], end: &[SegmentSnapshot], rules: &Rules) -> Self {
+        let mut state = PoolState::empty(rules);
+        for s in end {
+            state.segments.insert(s.address, Segment::from_snapshot(s));
+            state.block_count += s.blocks.len();
+        }
+        for e in trace.iter().rev() {
+            state.undo(e, rules);
+        }
+        state.absorb_unsplit_ends(rules);
+        state.recount_stats(rules);
+        state
+    }
+
+    /// Gives the blocks of [`PoolState::before`] whose size was estimated by rounding the free
+    /// remainder after them that their allocation cannot have split off: in the large pool of
+    /// ordinary segments a split leaves more than [`SMALL_SIZE`] free and every freed block is
+    /// larger, so a free block of at most that size after an active one is the active block's
+    /// unsplit end; and a segment of at least `max_split_size` serves only requests of that
+    /// size, which never split, so it holds one block. A larger remainder stays free: the
+    /// block's unsplit end and a free neighbour after it cannot be told apart.
+    fn absorb_unsplit_ends(&mut self, rules: &Rules) {
+        for segment in self.segments.values_mut().filter(|s| s.pool == PoolKind::Large && !s.expandable) {
+            let unsplittable = rules.is_oversize(segment.size);
+            let mut i = 1;
+            while i < segment.blocks.len() {
+                let block = &segment.blocks[i];
+                if block.is_free() && (unsplittable || block.size <= SMALL_SIZE) && Self::give_to_previous(segment, i) {
+                    self.block_count -= 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Merges free block `i` into the active block before it, as its unsplit end; returns
+    /// whether there was such a block.
+    fn give_to_previous(segment: &mut Segment, i: usize) -> bool {
+        if i == 0 || !segment.blocks[i].is_free() || segment.blocks[i - 1].is_free() {
+            return false;
+        }
+        let end = segment.blocks.remove(i);
+        segment.blocks[i - 1].size += end.size;
+        true
+    }
+
     /// The segment that contains `address`.
     pub fn segment_at(&self, address: u64) -> Option<&Segment> {
-        self.segments.range(..=address).next_back().map(|(_, s)| s).filter(|s| address < s.end())
+        self.segment_key(address).and_then(|k| self.segments.get(&k))
     }
 
     fn segment_key(&self, address: u64) -> Option<u64> {
@@ -231,25 +350,52 @@ impl PoolState {
         Some((segment, block))
     }
 
+    /// The segment and index of the block that contains `address`.
+    fn block_at_mut(&mut self, address: u64) -> Result<(&mut Segment, usize), Miss> {
+        let key = self.segment_key(address).ok_or(Miss::NoSegment)?;
+        let segment = self.segments.get_mut(&key).ok_or(Miss::NoSegment)?;
+        let i = segment.block_index(address).ok_or(Miss::NoBlock)?;
+        Ok((segment, i))
+    }
+
+    /// The segment and index of the block in `state` that starts at `address`.
+    fn block_starting_at(&mut self, address: u64, state: BlockState) -> Result<(&mut Segment, usize), Miss> {
+        let (segment, i) = self.block_at_mut(address)?;
+        let b = &segment.blocks[i];
+        if b.address == address && b.state == state { Ok((segment, i)) } else { Err(Miss::NoBlock) }
+    }
+
+    /// Applies `trace[i]`, with the pool of a segment creation taken from the allocation that
+    /// follows it in `trace`.
+    pub fn apply_entry(&mut self, trace: &[TraceEntry], i: usize, rules: &Rules) -> Result<(), Anomaly> {
+        let e = &trace[i];
+        let hint = match e.action {
+            TraceAction::SegmentAlloc | TraceAction::SegmentMap => pool_hint(trace, i, rules),
+            _ => None,
+        };
+        self.apply(i as u32, e, hint, rules)
+    }
+
     /// Applies trace entry number `index`. `pool` is the pool of the allocation that a
     /// `segment_alloc` / `segment_map` was made for (the next `alloc` of the trace), if known.
     pub fn apply(&mut self, index: u32, e: &TraceEntry, pool: Option<PoolKind>, rules: &Rules) -> Result<(), Anomaly> {
         let fail = |message: String| Anomaly { index, message };
         match e.action {
-            TraceAction::SegmentAlloc => {
+            TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
                 if self.segment_at(e.addr).is_some() || e.size == 0 {
-                    return Err(fail(format!("segment_alloc at {:#x} overlaps a live segment", e.addr)));
+                    let what = if e.action == TraceAction::SegmentMap { "mapped memory" } else { "a live segment" };
+                    return Err(fail(format!("{} at {:#x} overlaps {what}", e.action.name(), e.addr)));
                 }
                 let pool = pool.unwrap_or_else(|| rules.pool_for_segment(e.action, e.size));
-                self.segments.insert(e.addr, Segment::from_entry(e, pool, false, index));
-                self.block_count += 1;
-                let s = &mut self.stats;
-                s.segment.increase(pool, 1);
-                s.reserved_bytes.increase(pool, e.size);
-                if rules.is_oversize(e.size) {
-                    s.oversize_segments.increase(1);
+                let whole_segment = e.action == TraceAction::SegmentAlloc;
+                if whole_segment {
+                    self.segments.insert(e.addr, Segment::from_entry(e, pool, false, index));
+                    self.block_count += 1;
+                } else {
+                    self.map(index, e, pool);
                 }
-                s.num_device_alloc += 1;
+                let oversize = whole_segment && rules.is_oversize(e.size);
+                self.stats.count_device_alloc(pool, e.size, whole_segment, oversize);
             }
             TraceAction::SegmentFree => {
                 let segment = self
@@ -260,49 +406,22 @@ impl PoolState {
                 let (pool, size) = (segment.pool, segment.size);
                 self.segments.remove(&e.addr);
                 self.block_count -= 1;
-                let s = &mut self.stats;
-                s.segment.decrease(pool, 1);
-                s.reserved_bytes.decrease(pool, size);
-                if rules.is_oversize(size) {
-                    s.oversize_segments.decrease(1);
-                }
-                s.num_device_free += 1;
-            }
-            TraceAction::SegmentMap => {
-                if self.segment_at(e.addr).is_some() || e.size == 0 {
-                    return Err(fail(format!("segment_map at {:#x} overlaps mapped memory", e.addr)));
-                }
-                let pool = pool.unwrap_or_else(|| rules.pool_for_segment(e.action, e.size));
-                self.map(index, e, pool);
-                self.stats.reserved_bytes.increase(pool, e.size);
-                self.stats.num_device_alloc += 1;
+                self.stats.count_device_free(pool, size, true, rules.is_oversize(size));
             }
             TraceAction::SegmentUnmap => {
                 let pool = self.unmap(e.addr, e.size).map_err(fail)?;
-                self.stats.reserved_bytes.decrease(pool, e.size);
-                self.stats.num_device_free += 1;
+                self.stats.count_device_free(pool, e.size, false, false);
             }
             TraceAction::Alloc => self.alloc(index, e, rules).map_err(fail)?,
             TraceAction::FreeRequested => {
-                let key = self.segment_key(e.addr);
-                let segment = key.and_then(|k| self.segments.get_mut(&k));
-                let block = segment
-                    .and_then(|s| {
-                        let i = s.block_index(e.addr)?;
-                        Some((s.pool, &mut s.blocks[i]))
-                    })
-                    .filter(|(_, b)| b.address == e.addr && b.state == BlockState::ActiveAllocated);
-                let Some((pool, block)) = block else {
+                let Ok((segment, i)) = self.block_starting_at(e.addr, BlockState::ActiveAllocated) else {
                     return Err(fail(format!("free_requested of {:#x}, which is not allocated", e.addr)));
                 };
+                let pool = segment.pool;
+                let block = &mut segment.blocks[i];
                 block.state = BlockState::ActivePendingFree;
                 let size = block.size;
-                let s = &mut self.stats;
-                s.allocation.decrease(pool, 1);
-                s.allocated_bytes.decrease(pool, size);
-                if rules.is_oversize(size) {
-                    s.oversize_allocations.decrease(1);
-                }
+                self.stats.count_free_requested(pool, size, rules.is_oversize(size));
             }
             TraceAction::FreeCompleted => self.free_completed(e.addr).map_err(fail)?,
             TraceAction::Oom => self.stats.num_ooms += 1,
@@ -317,39 +436,25 @@ impl PoolState {
         if e.size == 0 {
             return Ok(()); // PyTorch hands out an empty pointer without touching the cache
         }
-        let key = self.segment_key(e.addr).ok_or_else(|| format!("alloc at {:#x}, outside every segment", e.addr))?;
-        let Some(segment) = self.segments.get_mut(&key) else { return Err("segment vanished".into()) };
-        let i = segment
-            .block_index(e.addr)
-            .filter(|&i| segment.blocks[i].address == e.addr && segment.blocks[i].is_free())
-            .ok_or_else(|| format!("alloc at {:#x}, where no free block starts", e.addr))?;
+        let (segment, i) = self.block_starting_at(e.addr, BlockState::Inactive).map_err(|miss| match miss {
+            Miss::NoSegment => format!("alloc at {:#x}, outside every segment", e.addr),
+            Miss::NoBlock => format!("alloc at {:#x}, where no free block starts", e.addr),
+        })?;
         let rounded = rules.round(e.size);
-        let pool = segment.pool;
-        let expandable = segment.expandable;
-        let already_split = segment.is_split();
+        let (pool, expandable, already_split) = (segment.pool, segment.expandable, segment.is_split());
         let free_size = segment.blocks[i].size;
         if free_size < rounded {
             return Err(format!("alloc of {} B at {:#x} into a free block of {free_size} B", e.size, e.addr));
         }
         let split = rules.should_split(pool, free_size, rounded);
-        let s = &mut self.stats;
-        if split {
-            let tail = Block::free(e.addr + rounded, free_size - rounded, segment.blocks[i].requested);
-            let tail_size = tail.size;
+        let mut new_blocks = 0;
+        if split
+            && let (_, Some(tail)) =
+                free_remainders(&segment.blocks[i], e.addr, e.addr + rounded, segment.blocks[i].requested)
+        {
             segment.blocks[i].size = rounded;
             segment.blocks.insert(i + 1, tail);
-            self.block_count += 1;
-            if !expandable {
-                if already_split {
-                    s.inactive_split_bytes.decrease(pool, rounded);
-                } else {
-                    s.inactive_split_bytes.increase(pool, tail_size);
-                    s.inactive_split.increase(pool, 1);
-                }
-            }
-        } else if already_split && !expandable {
-            s.inactive_split_bytes.decrease(pool, free_size);
-            s.inactive_split.decrease(pool, 1);
+            new_blocks = 1;
         }
         let block = &mut segment.blocks[i];
         block.state = BlockState::ActiveAllocated;
@@ -357,67 +462,55 @@ impl PoolState {
         block.event = index;
         block.context = e.context;
         let size = block.size;
-        s.allocation.increase(pool, 1);
-        s.allocated_bytes.increase(pool, size);
-        s.active.increase(pool, 1);
-        s.active_bytes.increase(pool, size);
-        s.requested_bytes.increase(pool, e.size);
-        if rules.is_oversize(size) {
-            s.oversize_allocations.increase(1);
-        }
+        self.block_count += new_blocks;
+        self.stats.count_split_on_alloc(pool, expandable, already_split, split, free_size, rounded);
+        self.stats.count_alloc(pool, size, e.size, rules.is_oversize(size));
         Ok(())
     }
 
     /// `free_block`: the block goes back to the cache and merges with free neighbours; the
     /// inactive-split stats move by the net change, as one increase or one decrease.
     fn free_completed(&mut self, address: u64) -> Result<(), String> {
-        let key = self.segment_key(address);
-        let Some(segment) = key.and_then(|k| self.segments.get_mut(&k)) else {
-            return Err(format!("free_completed of {address:#x}, outside every segment"));
-        };
-        let Some(i) = segment.block_index(address).filter(|&i| {
-            segment.blocks[i].address == address && segment.blocks[i].state == BlockState::ActivePendingFree
-        }) else {
-            return Err(format!("free_completed of {address:#x}, which was not freed"));
-        };
+        let (segment, i) =
+            self.block_starting_at(address, BlockState::ActivePendingFree).map_err(|miss| match miss {
+                Miss::NoSegment => format!("free_completed of {address:#x}, outside every segment"),
+                Miss::NoBlock => format!("free_completed of {address:#x}, which was not freed"),
+            })?;
         let (pool, expandable) = (segment.pool, segment.expandable);
-        let original = segment.blocks[i].size;
-        let requested = segment.blocks[i].requested;
+        let (original, requested) = (segment.blocks[i].size, segment.blocks[i].requested);
         segment.blocks[i].state = BlockState::Inactive;
         segment.blocks[i].event = NO_EVENT;
         segment.blocks[i].context = None;
-        let mut net_blocks = 0i64;
-        let mut net_bytes = 0i64;
-        let mut i = i;
+        let (i, merged_blocks, merged_bytes) = Self::merge_free_neighbours(segment, i);
+        let mut net_blocks = -(merged_blocks as i64);
+        let mut net_bytes = -(merged_bytes as i64);
+        if segment.is_split() {
+            net_blocks += 1;
+            net_bytes += segment.blocks[i].size as i64;
+        }
+        self.block_count -= merged_blocks;
+        let split_net = (!expandable).then_some((net_blocks, net_bytes));
+        self.stats.count_free_completed(pool, original, requested, split_net);
+        Ok(())
+    }
+
+    /// Merges the free block `i` with its free neighbours; returns its new index and the
+    /// number and bytes of the neighbours it absorbed.
+    fn merge_free_neighbours(segment: &mut Segment, mut i: usize) -> (usize, usize, u64) {
+        let (mut blocks, mut bytes) = (0, 0);
         if i > 0 && segment.blocks[i - 1].is_free() {
             let prev = segment.blocks.remove(i - 1);
             i -= 1;
             segment.blocks[i].address = prev.address;
             segment.blocks[i].size += prev.size;
-            net_blocks -= 1;
-            net_bytes -= prev.size as i64;
-            self.block_count -= 1;
+            (blocks, bytes) = (blocks + 1, bytes + prev.size);
         }
         if i + 1 < segment.blocks.len() && segment.blocks[i + 1].is_free() {
             let next = segment.blocks.remove(i + 1);
             segment.blocks[i].size += next.size;
-            net_blocks -= 1;
-            net_bytes -= next.size as i64;
-            self.block_count -= 1;
+            (blocks, bytes) = (blocks + 1, bytes + next.size);
         }
-        if segment.is_split() {
-            net_blocks += 1;
-            net_bytes += segment.blocks[i].size as i64;
-        }
-        let s = &mut self.stats;
-        if !expandable {
-            pool_add(&mut s.inactive_split, pool, net_blocks);
-            pool_add(&mut s.inactive_split_bytes, pool, net_bytes);
-        }
-        s.active.decrease(pool, 1);
-        s.active_bytes.decrease(pool, original);
-        s.requested_bytes.decrease(pool, requested);
-        Ok(())
+        (i, blocks, bytes)
     }
 
     /// `map_block`: a new free mapped range, joined with the mapped ranges of the same
@@ -430,20 +523,22 @@ impl PoolState {
         if let Some(&key) = before.map(|(k, _)| k)
             && let Some(mut prev) = self.segments.remove(&key)
         {
-            self.block_count -= Self::append(&mut prev, segment);
+            self.block_count -= Self::append(&mut prev, segment, true);
             segment = prev;
         }
         let after = e.addr + e.size;
         if self.segments.get(&after).is_some_and(joins)
             && let Some(next) = self.segments.remove(&after)
         {
-            self.block_count -= Self::append(&mut segment, next);
+            self.block_count -= Self::append(&mut segment, next, false);
         }
         self.segments.insert(segment.address, segment);
     }
 
     /// Appends `next` (which starts where `segment` ends); returns how many blocks merged away.
-    fn append(segment: &mut Segment, next: Segment) -> usize {
+    /// Free blocks at the seam merge into the block of the newly mapped pages (`new_is_next`
+    /// says which side that is), which keeps its stale requested size, as `map_block` does.
+    fn append(segment: &mut Segment, next: Segment, new_is_next: bool) -> usize {
         segment.size += next.size;
         let mut blocks = next.blocks.into_iter();
         let mut merged = 0;
@@ -452,6 +547,9 @@ impl PoolState {
             && first.is_free()
         {
             last.size += first.size;
+            if new_is_next {
+                last.requested = first.requested;
+            }
             blocks.next();
             merged = 1;
         }
@@ -475,13 +573,12 @@ impl PoolState {
         let block = segment.blocks.remove(i);
         self.block_count -= 1;
         let mut tail_blocks = segment.blocks.split_off(i);
-        if block.address < address {
-            segment.blocks.push(Block::free(block.address, address - block.address, block.requested));
-            self.block_count += 1;
-        }
-        if address + size < block.end() {
-            tail_blocks.insert(0, Block::free(address + size, block.end() - address - size, block.requested));
-            self.block_count += 1;
+        // The pages leave in the block object; the mapped rests are new blocks (requested 0).
+        let (before, after) = free_remainders(&block, address, address + size, 0);
+        self.block_count += usize::from(before.is_some()) + usize::from(after.is_some());
+        segment.blocks.extend(before);
+        if let Some(after) = after {
+            tail_blocks.insert(0, after);
         }
         let end = segment.end();
         if !tail_blocks.is_empty() {
@@ -510,107 +607,89 @@ impl PoolState {
     /// Recounts the current value of every stat from the blocks (for a state that was not
     /// reached by replaying from empty); peaks become the current values and the accumulated
     /// totals zero, as after `reset_peak_memory_stats` and `reset_accumulated_memory_stats`.
-    pub fn recount_stats(&mut self, rules: &Rules) {
+    fn recount_stats(&mut self, rules: &Rules) {
         let mut s = PoolState::empty(rules).stats;
         let mut blocks = 0;
         for segment in self.segments.values() {
             let pool = segment.pool;
             blocks += segment.blocks.len();
-            if !segment.expandable {
-                s.segment.increase(pool, 1);
-                if rules.is_oversize(segment.size) {
-                    s.oversize_segments.increase(1);
-                }
-            }
-            s.reserved_bytes.increase(pool, segment.size);
+            let whole_segment = !segment.expandable;
+            s.count_device_alloc(pool, segment.size, whole_segment, whole_segment && rules.is_oversize(segment.size));
             for b in &segment.blocks {
-                match b.state {
-                    BlockState::ActiveAllocated => {
-                        s.allocation.increase(pool, 1);
-                        s.allocated_bytes.increase(pool, b.size);
-                        if rules.is_oversize(b.size) {
-                            s.oversize_allocations.increase(1);
-                        }
-                    }
-                    BlockState::Inactive => {
-                        if segment.is_split() && !segment.expandable {
-                            s.inactive_split.increase(pool, 1);
-                            s.inactive_split_bytes.increase(pool, b.size);
-                        }
-                    }
-                    BlockState::ActivePendingFree => {}
-                }
+                // A pending free is a block allocated and then free-requested.
                 if !b.is_free() {
-                    s.active.increase(pool, 1);
-                    s.active_bytes.increase(pool, b.size);
-                    s.requested_bytes.increase(pool, b.requested);
+                    s.count_alloc(pool, b.size, b.requested, rules.is_oversize(b.size));
+                }
+                if b.state == BlockState::ActivePendingFree {
+                    s.count_free_requested(pool, b.size, rules.is_oversize(b.size));
+                }
+                if b.is_free() && segment.is_split() && !segment.expandable {
+                    s.inactive_split.increase(pool, 1);
+                    s.inactive_split_bytes.increase(pool, b.size);
                 }
             }
         }
+        s.reset_peak();
         s.reset_accumulated();
         self.stats = s;
         self.block_count = blocks;
     }
 
-    /// Undoes entry `e` (walking a trace backwards from its end state, to find the state
-    /// before its first entry when earlier entries were dropped). Block sizes of frees are
-    /// taken from `block_size` where a forward pass knew them, else from rounding the request.
-    pub fn undo(&mut self, e: &TraceEntry, block_size: Option<u64>, rules: &Rules) {
+    /// Undoes entry `e` (walking a trace backwards from its end state, for
+    /// [`PoolState::before`]). The block of a completed free gets the rounded requested size
+    /// (see [`PoolState::absorb_unsplit_ends`] for what it may have had beyond).
+    fn undo(&mut self, e: &TraceEntry, rules: &Rules) {
         match e.action {
             TraceAction::Alloc => {
-                if let Some(key) = self.segment_key(e.addr)
-                    && let Some(segment) = self.segments.get_mut(&key)
-                    && let Some(i) = segment.block_index(e.addr)
-                {
+                if let Ok((segment, mut i)) = self.block_at_mut(e.addr) {
+                    // An allocation takes the start of a free block, so the block before it was
+                    // active: a free block there is the unsplit end of the one before that,
+                    // whose size was estimated.
+                    let absorbed = i >= 1 && Self::give_to_previous(segment, i - 1);
+                    i -= usize::from(absorbed);
                     segment.blocks[i].state = BlockState::Inactive;
                     segment.blocks[i].event = NO_EVENT;
-                    Self::merge_free_around(segment, i);
+                    let (_, merged, _) = Self::merge_free_neighbours(segment, i);
+                    self.block_count -= merged + usize::from(absorbed);
                 }
             }
             TraceAction::FreeRequested => {
-                if let Some(key) = self.segment_key(e.addr)
-                    && let Some(segment) = self.segments.get_mut(&key)
-                    && let Some(i) = segment.block_index(e.addr)
+                if let Ok((segment, i)) = self.block_at_mut(e.addr)
+                    && segment.blocks[i].state == BlockState::ActivePendingFree
                 {
-                    let b = &mut segment.blocks[i];
-                    if b.state == BlockState::ActivePendingFree {
-                        b.state = BlockState::ActiveAllocated;
-                    }
+                    segment.blocks[i].state = BlockState::ActiveAllocated;
                 }
             }
             TraceAction::FreeCompleted => {
-                let Some(key) = self.segment_key(e.addr) else { return };
-                let Some(segment) = self.segments.get_mut(&key) else { return };
-                let Some(i) = segment.block_index(e.addr) else { return };
+                let Ok((segment, i)) = self.block_at_mut(e.addr) else { return };
                 if !segment.blocks[i].is_free() {
                     return;
                 }
                 let free = segment.blocks.remove(i);
-                let size = block_size.unwrap_or_else(|| rules.round(e.size)).clamp(1, free.end() - e.addr);
-                let mut pieces = Vec::with_capacity(3);
-                if free.address < e.addr {
-                    pieces.push(Block::free(free.address, e.addr - free.address, free.requested));
-                }
-                pieces.push(Block {
+                let size = rules.round(e.size).clamp(1, free.end() - e.addr);
+                let (before, after) = free_remainders(&free, e.addr, e.addr + size, free.requested);
+                let remainders = usize::from(before.is_some()) + usize::from(after.is_some());
+                let freed = Block {
                     address: e.addr,
                     size,
                     requested: e.size,
                     state: BlockState::ActivePendingFree,
                     event: NO_EVENT,
                     context: e.context,
-                });
-                if e.addr + size < free.end() {
-                    pieces.push(Block::free(e.addr + size, free.end() - e.addr - size, free.requested));
-                }
-                segment.blocks.splice(i..i, pieces);
+                };
+                segment.blocks.splice(i..i, before.into_iter().chain([freed]).chain(after));
+                self.block_count += remainders;
             }
             TraceAction::SegmentAlloc => {
-                self.segments.remove(&e.addr);
+                if let Some(segment) = self.segments.remove(&e.addr) {
+                    self.block_count -= segment.blocks.len();
+                }
             }
             TraceAction::SegmentFree => {
                 if self.segment_at(e.addr).is_none() {
                     let pool = rules.pool_for_segment(e.action, e.size);
                     self.segments.insert(e.addr, Segment::from_entry(e, pool, false, NO_EVENT));
+                    self.block_count += 1;
                 }
             }
             TraceAction::SegmentMap => {
@@ -623,18 +702,6 @@ impl PoolState {
                 }
             }
             TraceAction::Oom | TraceAction::Snapshot => {}
-        }
-    }
-
-    fn merge_free_around(segment: &mut Segment, mut i: usize) {
-        if i + 1 < segment.blocks.len() && segment.blocks[i + 1].is_free() {
-            let next = segment.blocks.remove(i + 1);
-            segment.blocks[i].size += next.size;
-        }
-        if i > 0 && segment.blocks[i - 1].is_free() {
-            let this = segment.blocks.remove(i);
-            i -= 1;
-            segment.blocks[i].size += this.size;
         }
     }
 }
@@ -700,5 +767,27 @@ mod tests {
             let _ = s.apply(0, &entry(action, 42, 7), None, &rules);
         }
         assert!(s.apply(0, &entry(TraceAction::FreeRequested, 1, 1), None, &rules).is_err());
+    }
+
+    #[test]
+    fn a_block_freed_after_a_dropped_start_gets_back_its_unsplit_end() {
+        use cachalot_core::{CachingAllocator, SimBackend};
+        let mut a = CachingAllocator::new(SimBackend::new(1 << 34), AllocatorConfig::default()).unwrap();
+        a.record_history(true, usize::MAX, &[], false);
+        let _x = a.malloc(3 << 20, StreamId::DEFAULT).unwrap();
+        // 17 MiB free, 16 MiB + 512 asked: the block is all 17 MiB, the rest not split off.
+        let y = a.malloc((16 << 20) + 1, StreamId::DEFAULT).unwrap();
+        let at_cut = a.snapshot();
+        let cut = a.trace().len();
+        a.free(y).unwrap();
+        let rules = Rules::default();
+        let before = PoolState::before(&a.trace()[cut..], &a.snapshot(), &rules);
+        let rebuilt: Vec<(u64, u64)> =
+            before.segments.values().flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size))).collect();
+        let recorded: Vec<(u64, u64)> =
+            at_cut.iter().flat_map(|s| s.blocks.iter().map(|b| (b.address, b.size))).collect();
+        assert_eq!(rebuilt, recorded);
+        assert_eq!(before.stats.allocated_bytes.all().current, 20 << 20);
+        assert_eq!(before.block_count, 2);
     }
 }
