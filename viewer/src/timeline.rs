@@ -143,24 +143,25 @@ fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) {
     let transform = *plot_ui.transform();
     let font = egui::TextStyle::Small.resolve(&plot_ui.ctx().global_style());
     let row_height = plot_ui.ctx().fonts_mut(|f| f.row_height(&font)) + 2.0;
+    let right = transform.frame().right() - 2.0;
     let spans: Vec<(f32, f32)> = plot_ui.ctx().fonts_mut(|fonts| {
         marks
             .iter()
             .map(|mark| {
-                let left = transform.position_from_point_x(mark.trace_index as f64);
                 let width = fonts.layout_no_wrap(mark.label.clone(), font.clone(), MARK_COLOR).size().x;
+                // A label starts at its mark, or ends at the plot's right edge if it would
+                // run past it.
+                let left = transform.position_from_point_x(mark.trace_index as f64).min(right - width);
                 (left, width)
             })
             .collect()
     });
     let top = transform.frame().top() + 2.0;
-    for (mark, row) in marks.iter().zip(label_rows(&spans, MARK_LABEL_ROWS, MARK_LABEL_GAP)) {
+    for ((mark, &(left, _)), row) in marks.iter().zip(&spans).zip(label_rows(&spans, MARK_LABEL_ROWS, MARK_LABEL_GAP)) {
         let Some(row) = row else { continue };
-        let y = transform.value_from_position(egui::pos2(0.0, top + row as f32 * row_height)).y;
+        let at = transform.value_from_position(egui::pos2(left, top + row as f32 * row_height));
         plot_ui.text(
-            egui_plot::Text::new("mark", egui_plot::PlotPoint::new(mark.trace_index as f64, y), mark.label.as_str())
-                .color(MARK_COLOR)
-                .anchor(egui::Align2::LEFT_TOP),
+            egui_plot::Text::new("mark", at, mark.label.as_str()).color(MARK_COLOR).anchor(egui::Align2::LEFT_TOP),
         );
     }
 }
@@ -362,6 +363,26 @@ pub fn cursor_text(run: &Run, cursor: usize) -> String {
                 format::address(e.addr),
                 format::seconds_since(e.time_us, origin)
             )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_rows;
+
+    #[test]
+    fn labels_take_the_first_row_with_room_and_never_overlap() {
+        // (left, width) in points, in order of left.
+        let spans = [(0.0, 50.0), (20.0, 50.0), (40.0, 10.0), (56.0, 30.0), (60.0, 10.0), (61.0, 10.0), (200.0, 5.0)];
+        let rows = label_rows(&spans, 3, 6.0);
+        assert_eq!(rows, [Some(0), Some(1), Some(2), Some(0), Some(2), None, Some(0)]);
+        for (i, (a, ra)) in spans.iter().zip(&rows).enumerate() {
+            for (b, rb) in spans[i + 1..].iter().zip(&rows[i + 1..]) {
+                if ra.is_some() && ra == rb {
+                    assert!(a.0 + a.1 + 6.0 <= b.0, "{a:?} and {b:?} overlap in row {ra:?}");
+                }
+            }
         }
     }
 }

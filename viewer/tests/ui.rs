@@ -62,6 +62,15 @@ fn render(view: View) {
     harness.snapshot(format!("fixed_{}", view.title().to_lowercase()));
 }
 
+/// Marks a few entries apart: their labels stack in rows and none overlaps another (the picture
+/// is `tests/snapshots/crowded_marks.png`), and the legend above the plot hides none of them.
+#[test]
+fn crowded_mark_labels_never_overlap() {
+    let mut harness = harness(app_with(vec![common::crowded_marks_run()], View::Segments), SIZE, 1.0, true);
+    harness.run_steps(4);
+    harness.snapshot("crowded_marks");
+}
+
 #[test]
 fn the_segment_map_renders() {
     render(View::Segments);

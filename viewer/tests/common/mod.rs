@@ -94,3 +94,22 @@ pub fn fixed_run(expandable: bool) -> Run {
     let name = if expandable { "fixed-expandable.json" } else { "fixed.json" };
     snapshot_run(name, fixed_snapshot(expandable), RunKind::Cachalot, &Progress::default())
 }
+
+/// A run whose marks crowd the timeline, as `seeds`'s do: a labelled mark after each of 24
+/// allocations, two or three entries apart, with labels of every length.
+pub fn crowded_marks_run() -> Run {
+    let backend = SimBackend::new(1 << 30).with_name("crowded marks");
+    let mut a = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
+    a.record_history(true, usize::MAX, &[], false);
+    let labels = ["tiny", "tiny_del", "tiny_empty", "10240x1050", "empty", "linear_model", "linear_input"];
+    let mut live = Vec::new();
+    for i in 0..24u64 {
+        live.push(a.malloc((i % 5 + 1) * MIB, StreamId::DEFAULT).unwrap());
+        if i % 3 == 2 {
+            a.free(live.remove(0)).unwrap();
+        }
+        a.mark(format!("{}_{i}", labels[i as usize % labels.len()]));
+    }
+    let snapshot = Snapshot::capture(&a, "crowded marks");
+    snapshot_run("crowded.json", snapshot, RunKind::Cachalot, &Progress::default())
+}
