@@ -198,3 +198,23 @@ fn bench_without_files_times_the_standard_workloads() {
     assert_eq!(files.len(), 12, "{stdout}");
     assert!(files.contains(&"steady-1MiB.ops") && files.contains(&"trace-gpt_train.ops"), "{stdout}");
 }
+
+/// `cachalot view FILE` where there is no display says so, and what to do instead.
+#[cfg(all(unix, not(target_os = "macos")))]
+#[test]
+fn view_without_a_display_says_what_to_do() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["view", &trace("seeds")])
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("WAYLAND_SOCKET")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("no display") && stderr.contains("--screenshot") && stderr.contains("cachalot serve"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("winit"), "{stderr}");
+}

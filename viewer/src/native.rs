@@ -48,6 +48,9 @@ impl eframe::App for FrameStats {
 /// [`WindowRenderer::Auto`] the choice and its reason are printed when it is not wgpu, and if
 /// OpenGL cannot start the window opens with wgpu instead.
 pub fn run_window(app: ViewerApp, renderer: WindowRenderer) -> Result<(), String> {
+    if let Some(missing) = missing_display() {
+        return Err(missing);
+    }
     let first = match renderer {
         WindowRenderer::Auto => {
             let (first, why) = auto_renderer(&wgpu_adapters());
@@ -70,6 +73,23 @@ pub fn run_window(app: ViewerApp, renderer: WindowRenderer) -> Result<(), String
         },
         result => result,
     }
+}
+
+/// Why no window can open here, if so: on Linux and the BSDs, a window needs an X11 or Wayland
+/// display, and without one winit fails with an error that names neither the cause nor what to do.
+fn missing_display() -> Option<String> {
+    if !cfg!(all(unix, not(target_os = "macos"), not(target_os = "ios"), not(target_os = "android"))) {
+        return None;
+    }
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if set("DISPLAY") || set("WAYLAND_DISPLAY") || set("WAYLAND_SOCKET") {
+        return None;
+    }
+    Some(
+        "no display (neither DISPLAY nor WAYLAND_DISPLAY is set): render a picture with \
+         `cachalot view FILE --screenshot out.png`, or open the viewer in a browser with `cachalot serve`"
+            .to_owned(),
+    )
 }
 
 /// Runs eframe with `renderer` (wgpu or glow) on the app in `slot`.
