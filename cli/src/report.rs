@@ -56,14 +56,7 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
 
 /// `NAME.expected.json` beside `NAME.pickle`, if there is one.
 pub fn expected_beside(trace: &Path) -> Result<Option<ExpectedRun>> {
-    let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let stem = name.strip_suffix(".pickle").unwrap_or(&name);
-    let path = trace.with_file_name(format!("{stem}.expected.json"));
-    if !path.exists() {
-        return Ok(None);
-    }
-    let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-    ExpectedRun::from_json(&bytes).map(Some).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    ExpectedRun::beside(trace).map_err(anyhow::Error::msg)
 }
 
 /// `cachalot summary FILE`.

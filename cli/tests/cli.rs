@@ -218,3 +218,38 @@ fn view_without_a_display_says_what_to_do() {
     );
     assert!(!stderr.contains("winit"), "{stderr}");
 }
+
+/// `compare` takes PyTorch snapshot pickles beside cachalot's snapshots (replayed, as `cachalot
+/// replay --out` would), counts marks over those both runs have, and shows no total time for a
+/// run that timed nothing.
+#[test]
+fn compare_takes_pickles_and_counts_marks_both_runs_have() {
+    let dir = std::env::temp_dir().join(format!("cachalot-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seeds = dir.join("seeds.json").display().to_string();
+    let mlp = dir.join("mlp.json").display().to_string();
+    for (args, out) in [(&["run", "seeds"][..], &seeds), (&["run", "mlp-train", "--steps", "2"][..], &mlp)] {
+        let mut args = args.to_vec();
+        args.extend(["--backend", "sim", "--no-compute", "--out", out]);
+        let run = cachalot(&args);
+        assert!(run.status.success(), "{}", text(&run.stderr));
+    }
+
+    let out = cachalot(&["compare", &seeds, &trace("seeds")]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("B vs A: identical (60 events)"), "{stdout}");
+
+    let out = cachalot(&["compare", &seeds, &mlp]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("B vs A: no marks in common (12 only in A, 3 only in B)"), "{stdout}");
+    let total = stdout.lines().find(|l| l.trim_start().starts_with("total")).unwrap_or_default();
+    assert!(total.contains('—') && !total.contains("0.0000"), "{total}");
+
+    let garbage = dir.join("notes.txt");
+    std::fs::write(&garbage, "hello").unwrap();
+    let out = cachalot(&["compare", &seeds, garbage.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("PyTorch snapshot pickle"), "{}", text(&out.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}

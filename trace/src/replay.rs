@@ -150,6 +150,19 @@ pub struct ExpectedMark {
 }
 
 impl ExpectedRun {
+    /// The `NAME.expected.json` beside a trace `NAME.pickle`, if there is one; an error names
+    /// that file and what is wrong with it.
+    pub fn beside(trace: &std::path::Path) -> Result<Option<Self>, String> {
+        let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let stem = name.strip_suffix(".pickle").unwrap_or(&name);
+        let path = trace.with_file_name(format!("{stem}.expected.json"));
+        if !path.exists() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        Self::from_json(&bytes).map(Some).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// Parses an `expected.json` written by `shared/traces/capture.py`; errors name the field.
     pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
         let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;

@@ -7,7 +7,7 @@ use cachalot_core::error::group_digits as group;
 use cachalot_runtime::StreamDiscipline;
 use cachalot_runtime::comparison::{
     Column, Comparison, EventComparisons, Explanation, FactorTest, FailedRerun, LossCell, LossComparison, MarkShift,
-    TestedFactor,
+    MarkValue, TestedFactor,
 };
 use cachalot_trace::normalized::EventDiff;
 
@@ -102,6 +102,32 @@ fn marks_section(comparison: &Comparison, out: &mut String) {
     }
 }
 
+/// How many marks differ, counted over the marks both runs have, and how many only one has:
+/// "3 of 12 marks differ", "no marks in common (12 only in A, 6 only in B)".
+fn mark_count(base: &[MarkValue], other: &[MarkValue], differing: &[String], other_column: usize) -> String {
+    let in_base = |label: &str| base.iter().any(|m| m.label == label);
+    let in_other = |label: &str| other.iter().any(|m| m.label == label);
+    let shared = base.iter().filter(|m| in_other(&m.label)).count();
+    let differ = differing.iter().filter(|label| in_base(label) && in_other(label)).count();
+    let only_base = base.len() - shared;
+    let only_other = other.len() - shared;
+    let mut text = match shared {
+        0 => "no marks in common".to_owned(),
+        _ => format!("{differ} of {shared} marks differ"),
+    };
+    if only_base + only_other > 0 {
+        let mut parts = Vec::new();
+        if only_base > 0 {
+            parts.push(format!("{only_base} only in {}", letter(0)));
+        }
+        if only_other > 0 {
+            parts.push(format!("{only_other} only in {}", letter(other_column)));
+        }
+        text.push_str(&format!(" ({})", parts.join(", ")));
+    }
+    text
+}
+
 fn differences_section(comparison: &Comparison, out: &mut String) {
     let columns = &comparison.columns;
     let Some(base) = columns.first() else { return };
@@ -110,13 +136,13 @@ fn differences_section(comparison: &Comparison, out: &mut String) {
     }
     for difference in &comparison.differences {
         let other = difference.column;
-        let compared = base.marks.len().max(columns.get(other).map_or(0, |c| c.marks.len()));
+        let other_marks = columns.get(other).map_or(&[][..], |c| c.marks.as_slice());
         let _ = writeln!(
             out,
-            "  {} vs {}: {} of {compared} marks differ",
+            "  {} vs {}: {}",
             letter(other),
             letter(0),
-            difference.marks.len()
+            mark_count(&base.marks, other_marks, &difference.marks, other)
         );
         match &difference.explanation {
             Explanation::DifferentExperiments { base, other } => {
@@ -250,7 +276,8 @@ fn timing_section(comparison: &Comparison, out: &mut String) {
     }
     let mut row = format!("  {:<22}", "total");
     for t in comparison.total_seconds() {
-        let _ = write!(row, " {:>20}", format!("{t:.4}"));
+        let text = t.map_or_else(|| "—".to_owned(), |t| format!("{t:.4}"));
+        let _ = write!(row, " {text:>20}");
     }
     let _ = writeln!(out, "{row}");
 }

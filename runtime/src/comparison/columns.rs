@@ -4,7 +4,10 @@
 
 use cachalot_core::{DeviceFacts, MemoryStats, TraceAction, TraceEntry};
 use cachalot_trace::Snapshot;
+use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay};
+use cachalot_trace::snapshot::FileFormat;
 use cachalot_trace::snapshot::file::Timing;
+use cachalot_trace::snapshot::pickle::read_snapshot;
 
 use crate::device::sim::H200_MEMORY;
 use crate::device::{StreamDiscipline, Workspaces};
@@ -85,6 +88,17 @@ pub fn load(path: &std::path::Path) -> Result<Column, RuntimeError> {
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let input = |message: String| RuntimeError::Input { path: path.display().to_string(), message };
     let bytes = std::fs::read(path).map_err(|e| input(e.to_string()))?;
+    match FileFormat::detect(&bytes) {
+        FileFormat::TorchPickle => return from_pickle(name, path, &bytes).map_err(input),
+        FileFormat::Cachalot => {}
+        _ => {
+            return Err(input(
+                "not a file compare takes: a cachalot snapshot (`cachalot run --out`, `cachalot replay --out`), \
+                 a PyTorch snapshot pickle, or PyTorch's NAME.expected.json"
+                    .into(),
+            ));
+        }
+    }
     let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| input(format!("not JSON: {e}")))?;
     if value.get("format").is_some() {
         let snapshot = Snapshot::from_json(&bytes).map_err(|e| input(e.to_string()))?;
@@ -96,6 +110,18 @@ pub fn load(path: &std::path::Path) -> Result<Column, RuntimeError> {
     } else {
         Err(input("neither a cachalot snapshot nor a PyTorch expected.json (no 'format' or 'marks')".into()))
     }
+}
+
+/// A column of a PyTorch snapshot pickle: its trace replayed on the simulator (with the
+/// `NAME.expected.json` beside it, where there is one, for the settings, memory fraction and
+/// device size), as `cachalot replay TRACE --out` writes it. A pickle has no marks; its stats
+/// and allocator events compare.
+fn from_pickle(name: String, path: &std::path::Path, bytes: &[u8]) -> Result<Column, String> {
+    let torch = read_snapshot(bytes).map_err(|e| e.to_string())?;
+    let expected = ExpectedRun::beside(path)?;
+    let options = ReplayOptions::for_snapshot(&torch, expected.as_ref()).map_err(|e| e.to_string())?;
+    let outcome = replay(&torch, &options, |_, _| {}).map_err(|e| e.to_string())?;
+    from_snapshot(name, Snapshot::capture(&outcome.allocator, format!("replay of {}", path.display())))
 }
 
 /// A column of a cachalot snapshot.

@@ -249,8 +249,12 @@ pub(super) fn differing_factors(a: &Column, b: &Column) -> Vec<FactorDifference>
     out
 }
 
-/// Labels whose values differ between two mark lists, with labels only one has.
+/// Labels whose values differ between two mark lists, with labels only one has. A run without
+/// any marks (a PyTorch snapshot pickle) has nothing to differ in.
 pub(super) fn mark_differences(a: &[MarkValue], b: &[MarkValue]) -> Vec<String> {
+    if a.is_empty() || b.is_empty() {
+        return Vec::new();
+    }
     let bm: BTreeMap<&str, &MarkValue> = b.iter().map(|m| (m.label.as_str(), m)).collect();
     let am: BTreeMap<&str, &MarkValue> = a.iter().map(|m| (m.label.as_str(), m)).collect();
     let mut out: Vec<String> = a

@@ -107,8 +107,8 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// Each run's seconds summed over [`timings`](Self::timings).
-    pub fn total_seconds(&self) -> Vec<f64> {
+    /// Each run's seconds summed over [`timings`](Self::timings); `None` for a run without any.
+    pub fn total_seconds(&self) -> Vec<Option<f64>> {
         tables::total_seconds(&self.timings, self.columns.len())
     }
 }

@@ -112,13 +112,13 @@ pub(super) fn timing_rows(columns: &[Column]) -> Vec<TimingRow> {
         .collect()
 }
 
-/// Each run's seconds summed over the rows.
-pub(super) fn total_seconds(rows: &[TimingRow], columns: usize) -> Vec<f64> {
-    let mut totals = vec![0.0f64; columns];
+/// Each run's seconds summed over the rows; `None` for a run that timed nothing.
+pub(super) fn total_seconds(rows: &[TimingRow], columns: usize) -> Vec<Option<f64>> {
+    let mut totals = vec![None; columns];
     for row in rows {
         for (total, s) in totals.iter_mut().zip(&row.seconds) {
             if let Some(s) = s {
-                *total += s;
+                *total = Some(total.unwrap_or(0.0) + s);
             }
         }
     }
