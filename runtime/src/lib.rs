@@ -15,7 +15,7 @@
 //! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
 //! - [`comparison`]: runs side by side with the tested reasons they differ, as data
 //!   ([`comparison::Comparison`]; `cachalot compare` renders it as text);
-//! - [`bench`]: op files timed on any backend (`cachalot bench`).
+//! - [`bench`](mod@bench): op files timed on any backend (`cachalot bench`).
 //!
 //! ```
 //! use cachalot_runtime::{DeviceOptions, BackendRequest, Experiment, execute};

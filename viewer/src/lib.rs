@@ -3,7 +3,7 @@
 //! See the pools of PyTorch's caching allocator — and of cachalot on any GPU — in an
 //! egui/eframe app that runs on the desktop and in the browser.
 //!
-//! - [`format`] and [`style`]: how numbers read and how things look, for every panel;
+//! - [`format`](mod@format) and [`style`]: how numbers read and how things look, for every panel;
 //! - [`model`]: a loaded run and the allocator's state at any point of its trace, rebuilt
 //!   fast from checkpoints (the state and its rules are `cachalot_trace::rebuild`'s);
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
