@@ -159,10 +159,10 @@ impl DeviceKernels for WgpuDevice {
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError> {
         // No scale kernel in the WGSL set: y = 0, then an SGD step with lr = -alpha gives
         // y = 0 - (-alpha) · x = alpha · x exactly (one rounding, as a product).
-        let sgd = Sgd { lr: -alpha, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false };
+        let step = SgdStep { n, sgd: Sgd::new(-alpha), first_step: true };
         self.submit(|b| {
             b.fill(y, n, 0.0)?;
-            b.sgd_step(y, x, None, SgdStep { n, sgd, first_step: true })
+            b.sgd_step(y, x, None, step)
         })
     }
 
