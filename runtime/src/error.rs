@@ -2,6 +2,7 @@
 //! checks, so an experiment can use `?` on every call whatever device it runs on.
 
 use cachalot_core::AllocatorError;
+use cachalot_shaders::ops::OpError;
 
 /// Why a runtime call failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,10 @@ pub enum RuntimeError {
     /// Shapes that do not fit the operation.
     #[error("shape: {0}")]
     Shape(String),
+    /// Kernel arguments every backend refuses (`cachalot_shaders::ops`), reported by a device
+    /// that checks them itself (the simulator; the mean of the CUDA and wgpu devices).
+    #[error("{}{}", op_category(.0), .0)]
+    Op(#[from] OpError),
     /// The backend asked for cannot be used here.
     #[error("backend {backend} is not usable: {reason}")]
     Unavailable {
@@ -50,4 +55,32 @@ pub enum RuntimeError {
         /// What went wrong.
         message: String,
     },
+}
+
+/// The prefix an op's refusal has always had in the runtime's messages: a step number is a
+/// parameter, every other refusal a shape (as [`RuntimeError::Parameters`] and
+/// [`RuntimeError::Shape`] print).
+fn op_category(error: &OpError) -> &'static str {
+    match error {
+        OpError::AdamStepZero => "invalid parameters: ",
+        OpError::EmptyMean | OpError::EmptyCrossEntropy | OpError::MissingMomentumBuffer => "shape: ",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_refusals_read_as_before() {
+        assert_eq!(RuntimeError::from(OpError::EmptyMean).to_string(), "shape: the mean of no elements is undefined");
+        assert_eq!(
+            RuntimeError::from(OpError::MissingMomentumBuffer).to_string(),
+            "shape: SGD with momentum needs a momentum buffer"
+        );
+        assert_eq!(
+            RuntimeError::from(OpError::AdamStepZero).to_string(),
+            "invalid parameters: Adam steps are counted from 1"
+        );
+    }
 }

@@ -8,8 +8,10 @@
 //! `torch.cuda.memory_allocated()` would read them, and [`comparison`] puts runs side by side
 //! and says why they differ.
 //!
-//! - [`device`]: the [`Device`] trait and its three implementations (CUDA, wgpu, simulator),
-//!   with the stream discipline that makes the wgpu and simulator event sequences equal;
+//! - [`device`]: the [`Device`] traits ([`DeviceInfo`]: facts and the allocator;
+//!   [`DeviceKernels`]: one method per op) and their three implementations (CUDA, wgpu,
+//!   simulator), with the stream discipline that makes the wgpu and simulator event sequences
+//!   equal;
 //! - [`runtime`]: [`Runtime`] and [`Tensor`];
 //! - [`experiments`]: `seeds`, `mlp-train`, `matmul-sweep`, `ops`;
 //! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
@@ -38,7 +40,7 @@ pub mod runtime;
 pub mod select;
 
 pub use device::sim::{SimDevice, SimProfile};
-pub use device::{Activation, BackendKind, Device, StreamDiscipline, Workspaces};
+pub use device::{Activation, BackendKind, Device, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
 pub use error::RuntimeError;
 pub use experiments::{Experiment, MlpParams, Outcome, SweepParams};
 pub use run::{RunRecord, RunResult, execute, execute_on};

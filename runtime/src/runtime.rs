@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cachalot_core::{Allocation, ContextId, DeviceFacts, Frame, Mark, MemoryStats, TraceEntry};
+use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
 use cachalot_trace::Snapshot;
 use cachalot_trace::snapshot::file::Timing;
@@ -246,7 +247,7 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// A runtime on `device`, recording the allocator's history from the start.
     pub fn new(mut device: Box<dyn Device>) -> Self {
-        device.allocator_mut().record_history(HISTORY);
+        device.allocator_mut().record_history(true, HISTORY, &[], true);
         let discipline = device.discipline();
         Runtime {
             inner: Rc::new(RefCell::new(Inner {
@@ -389,7 +390,7 @@ impl Runtime {
     /// A snapshot of the allocator (state, trace, stats, marks) with the recorded timings.
     pub fn snapshot(&self, source: &str) -> Snapshot {
         let inner = self.inner.borrow();
-        let mut snapshot = inner.device.allocator().capture(source);
+        let mut snapshot = Snapshot::capture(inner.device.allocator(), source);
         snapshot.timings = inner.timings.clone();
         snapshot
     }
@@ -599,7 +600,7 @@ impl Runtime {
         let mut outputs = self.with_outputs("mean", &[4, 2112, 4], &[&x.allocation], |inner, o| {
             let (out, staging, semaphore) = (&o[0], &o[1], &o[2]);
             inner.device.fill_u32(semaphore, 1, 0)?;
-            inner.device.mean(&x.allocation, n, staging, out)
+            inner.device.mean(&x.allocation, staging, out, Mean { n })
         })?;
         let mut inner = self.inner.borrow_mut();
         for a in [outputs.pop(), outputs.pop()].into_iter().flatten() {
@@ -704,7 +705,7 @@ impl Runtime {
         let dw = self.one(out, w.shape())?;
         let db = if bias {
             let out = self.with_outputs("linear_backward", &[outputs as u64 * 4], &[&dy.allocation], |inner, o| {
-                inner.device.sum_rows(&dy.allocation, &o[0], batch, outputs, false)
+                inner.device.sum_rows(&dy.allocation, &o[0], SumRows { rows: batch, cols: outputs, accumulate: false })
             })?;
             Some(self.one(out, &[outputs as usize])?)
         } else {
@@ -717,11 +718,7 @@ impl Runtime {
     pub fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x])?;
         let n = x.numel();
-        let op = match act {
-            Activation::Relu => "relu",
-            Activation::Gelu => "gelu",
-        };
-        let out = self.with_outputs(op, &[n * 4], &[&x.allocation], |inner, o| {
+        let out = self.with_outputs(act.name(), &[n * 4], &[&x.allocation], |inner, o| {
             inner.device.activation(act, &x.allocation, &o[0], n)
         })?;
         self.one(out, x.shape())
@@ -734,11 +731,7 @@ impl Runtime {
         if dy.numel() != n {
             return Err(RuntimeError::Shape(format!("activation backward: {:?} and {:?}", x.shape, dy.shape)));
         }
-        let op = match act {
-            Activation::Relu => "relu_backward",
-            Activation::Gelu => "gelu_backward",
-        };
-        let out = self.with_outputs(op, &[n * 4], &[&x.allocation, &dy.allocation], |inner, o| {
+        let out = self.with_outputs(act.backward_entry(), &[n * 4], &[&x.allocation, &dy.allocation], |inner, o| {
             inner.device.activation_backward(act, &x.allocation, &dy.allocation, &o[0], n)
         })?;
         self.one(out, x.shape())
@@ -752,7 +745,7 @@ impl Runtime {
             return Err(RuntimeError::Shape(format!("mse: {:?} and {:?}", pred.shape, target.shape)));
         }
         let mut out = self.with_outputs("mse", &[4, n * 4], &[&pred.allocation, &target.allocation], |inner, o| {
-            inner.device.mse(&pred.allocation, &target.allocation, &o[0], &o[1], n)
+            inner.device.mse(&pred.allocation, &target.allocation, &o[0], &o[1], Mse { n })
         })?;
         let grad = self.one(out.pop().into_iter().collect(), pred.shape())?;
         let loss = self.one(out, &[])?;
@@ -777,7 +770,7 @@ impl Runtime {
             &[&logits.allocation, &targets.allocation],
             |inner, o| {
                 inner.within(SCRATCH_FRAME, "cross_entropy", |d| {
-                    d.cross_entropy(&logits.allocation, &targets.allocation, &o[0], &o[1], rows, cols)
+                    d.cross_entropy(&logits.allocation, &targets.allocation, &o[0], &o[1], CrossEntropy { rows, cols })
                 })
             },
         )?;
@@ -804,7 +797,8 @@ impl Runtime {
             operands.push(&m.allocation);
         }
         self.in_place("sgd_step", &operands, |d| {
-            d.sgd_step(&param.allocation, &grad.allocation, momentum.map(|m| &m.allocation), n, sgd, first_step)
+            let args = SgdStep { n, sgd, first_step };
+            d.sgd_step(&param.allocation, &grad.allocation, momentum.map(|m| &m.allocation), args)
         })
     }
 
@@ -822,7 +816,8 @@ impl Runtime {
         let n = param.numel();
         let operands = [&param.allocation, &grad.allocation, &exp_avg.allocation, &exp_avg_sq.allocation];
         self.in_place("adam_step", &operands, |d| {
-            d.adam_step(&param.allocation, &grad.allocation, &exp_avg.allocation, &exp_avg_sq.allocation, n, adam, step)
+            let args = AdamStep { n, adam, step };
+            d.adam_step(&param.allocation, &grad.allocation, &exp_avg.allocation, &exp_avg_sq.allocation, args)
         })
     }
 

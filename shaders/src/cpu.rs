@@ -5,6 +5,7 @@
 //! the shape names: a shorter slice panics, as indexing does (these are test oracles, not a
 //! runtime).
 
+use crate::ops::Activation;
 use crate::{Adam, MatmulShape, Sgd};
 
 /// `C = op(A) · op(B) + beta · C (+ bias[n] per row)`; see [`MatmulShape`] for the layouts.
@@ -109,6 +110,22 @@ pub fn relu_forward(x: &[f32], y: &mut [f32]) {
 pub fn relu_backward(input: &[f32], grad_out: &[f32], grad_in: &mut [f32]) {
     for ((g, &x), &dy) in grad_in.iter_mut().zip(input).zip(grad_out) {
         *g = if x > 0.0 { dy } else { 0.0 };
+    }
+}
+
+/// `y = act(x)`.
+pub fn activation_forward(act: Activation, x: &[f32], y: &mut [f32]) {
+    match act {
+        Activation::Relu => relu_forward(x, y),
+        Activation::Gelu => gelu_forward(x, y),
+    }
+}
+
+/// `grad_in = act'(input) · grad_out`.
+pub fn activation_backward(act: Activation, input: &[f32], grad_out: &[f32], grad_in: &mut [f32]) {
+    match act {
+        Activation::Relu => relu_backward(input, grad_out, grad_in),
+        Activation::Gelu => gelu_backward(input, grad_out, grad_in),
     }
 }
 

@@ -12,11 +12,13 @@
 //! - [`cpu`]: plain-Rust reference implementations (f32 data, f64 accumulation), which the
 //!   GPU tests compare against.
 //!
-//! The hyper-parameter types ([`MatmulShape`], [`Sgd`], [`Adam`]) are shared by all three.
+//! The hyper-parameter types ([`MatmulShape`], [`Sgd`], [`Adam`]) are shared by all three,
+//! and [`ops`] defines each op once: its arguments and the checks every backend makes.
 //! This crate depends on no GPU crate, so every backend can use it.
 
 pub mod cpu;
 pub mod cuda;
+pub mod ops;
 pub mod wgsl;
 
 /// Shape of `C = op(A) · op(B)`, all matrices row-major.
@@ -51,6 +53,11 @@ impl MatmulShape {
     /// `C[m, n] = A[k, m]ᵀ · B[k, n]` (the linear layer's weight gradient, `dyᵀ · x`).
     pub fn tn(m: u32, n: u32, k: u32) -> Self {
         MatmulShape { m, n, k, trans_a: true, trans_b: false }
+    }
+
+    /// Whether `C` is empty (`m` or `n` is 0): the product does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.m == 0 || self.n == 0
     }
 
     /// Elements of `A`, `B` and `C`.

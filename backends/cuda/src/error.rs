@@ -53,6 +53,9 @@ pub enum CudaError {
     /// Arguments that do not fit the operands or the kernel (sizes, streams).
     #[error("invalid arguments: {0}")]
     InvalidArguments(String),
+    /// Arguments every backend refuses (`cachalot_shaders::ops`).
+    #[error("invalid arguments: {0}")]
+    Op(#[from] cachalot_shaders::ops::OpError),
 }
 
 impl CudaError {

@@ -21,12 +21,13 @@
 //! ```no_run
 //! use cachalot_core::{AllocatorConfig, StreamId};
 //! use cachalot_cuda::{CudaKernels, caching_allocator};
+//! use cachalot_shaders::ops::Activation;
 //!
 //! let mut allocator = caching_allocator(0, AllocatorConfig::default())?;
 //! let kernels = CudaKernels::new(allocator.backend().cuda())?;
 //! let x = allocator.malloc(1024 * 4, StreamId::DEFAULT)?;
 //! kernels.fill(StreamId::DEFAULT, &x, 1024, 0.5)?;
-//! kernels.gelu_forward(StreamId::DEFAULT, &x, &x, 1024)?;
+//! kernels.activation(StreamId::DEFAULT, Activation::Gelu, &x, &x, 1024)?;
 //! let y: Vec<f32> = kernels.read(StreamId::DEFAULT, &x, 1024)?;
 //! println!("{}", y[0]);
 //! allocator.free(x)?;

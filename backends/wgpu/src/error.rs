@@ -58,6 +58,9 @@ pub enum KernelError {
     /// Shapes or arguments that do not fit together.
     #[error("invalid kernel arguments: {0}")]
     InvalidArguments(String),
+    /// Arguments every backend refuses (`cachalot_shaders::ops`).
+    #[error("invalid kernel arguments: {0}")]
+    Op(#[from] cachalot_shaders::ops::OpError),
     /// wgpu reported an error (shader compilation, validation, out of memory for a temporary
     /// buffer).
     #[error("wgpu error: {0}")]

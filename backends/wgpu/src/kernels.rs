@@ -1,12 +1,17 @@
 //! The kernel runner: WGSL kernels dispatched on allocations of a
 //! `CachingAllocator<WgpuBackend>`, batched into one submission.
+//!
+//! An op's arguments beyond its operands are its struct from `cachalot_shaders::ops`, whose
+//! `validate` is the one check of those arguments on every backend; the runner checks the
+//! operands (handles, sizes, binding limits).
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use cachalot_core::{Allocation, CachingAllocator, StreamId};
+use cachalot_shaders::MatmulShape;
+use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
 use cachalot_shaders::wgsl::{self, MatmulTile, Module};
-use cachalot_shaders::{Adam, MatmulShape, Sgd};
 
 use crate::backend::WgpuBackend;
 use crate::context::WgpuContext;
@@ -347,7 +352,7 @@ impl<'a> KernelBatch<'a> {
         shape: MatmulShape,
         options: MatmulOptions<'_>,
     ) -> Result<(), KernelError> {
-        if shape.m == 0 || shape.n == 0 {
+        if shape.is_empty() {
             return Ok(());
         }
         let (ea, eb, ec) = shape.elements();
@@ -418,7 +423,7 @@ impl<'a> KernelBatch<'a> {
         let beta = if accumulate { 1.0 } else { 0.0 };
         self.matmul(dy, x, dw, MatmulShape::tn(outputs, inputs, batch), MatmulOptions { beta, bias: None })?;
         if let Some(db) = db {
-            self.sum_rows(dy, db, batch, outputs, accumulate)?;
+            self.sum_rows(dy, db, SumRows { rows: batch, cols: outputs, accumulate })?;
         }
         Ok(())
     }
@@ -436,38 +441,22 @@ impl<'a> KernelBatch<'a> {
         self.elementwise(Module::Elementwise, "copy", &[("src", src), ("dst", dst)], &[], n, Params::default())
     }
 
-    /// `y = max(x, 0)`.
-    pub fn relu_forward(&mut self, x: &Allocation, y: &Allocation, n: u64) -> Result<(), KernelError> {
-        self.elementwise(Module::Elementwise, "relu_forward", &[("x", x), ("y", y)], &[], n, Params::default())
+    /// `y = act(x)` (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
+    pub fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), KernelError> {
+        self.elementwise(Module::Elementwise, act.forward_entry(), &[("x", x), ("y", y)], &[], n, Params::default())
     }
 
-    /// `dx = dy` where `x > 0`, else 0.
-    pub fn relu_backward(
+    /// `dx = act'(x) · dy` (ReLU: `dy` where `x > 0`, else 0; GELU: `dy · (Φ(x) + x · φ(x))`).
+    pub fn activation_backward(
         &mut self,
+        act: Activation,
         x: &Allocation,
         dy: &Allocation,
         dx: &Allocation,
         n: u64,
     ) -> Result<(), KernelError> {
         let operands = [("x", x), ("dy", dy), ("dx", dx)];
-        self.elementwise(Module::Elementwise, "relu_backward", &operands, &[], n, Params::default())
-    }
-
-    /// Exact GELU, `y = x · Φ(x)`.
-    pub fn gelu_forward(&mut self, x: &Allocation, y: &Allocation, n: u64) -> Result<(), KernelError> {
-        self.elementwise(Module::Elementwise, "gelu_forward", &[("x", x), ("y", y)], &[], n, Params::default())
-    }
-
-    /// `dx = dy · (Φ(x) + x · φ(x))`.
-    pub fn gelu_backward(
-        &mut self,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), KernelError> {
-        let operands = [("x", x), ("dy", dy), ("dx", dx)];
-        self.elementwise(Module::Elementwise, "gelu_backward", &operands, &[], n, Params::default())
+        self.elementwise(Module::Elementwise, act.backward_entry(), &operands, &[], n, Params::default())
     }
 
     /// `x[r, c] += bias[c]` for `x` of `[rows, cols]`.
@@ -481,19 +470,13 @@ impl<'a> KernelBatch<'a> {
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
-    pub fn sum_rows(
-        &mut self,
-        x: &Allocation,
-        out: &Allocation,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
-    ) -> Result<(), KernelError> {
+    pub fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), KernelError> {
+        let SumRows { rows, cols, accumulate } = args;
         if cols == 0 {
             return Ok(());
         }
         let kernel = self.entry(Module::Elementwise, "sum_rows")?;
-        let x = self.whole("x", x, rows as u64 * cols as u64 * 4)?;
+        let x = self.whole("x", x, args.elements() * 4)?;
         let out = self.whole("out", out, cols as u64 * 4)?;
         let f0 = [if accumulate { 1.0 } else { 0.0 }, 0.0, 0.0, 0.0];
         let params = Params { rows, cols, f0, ..Params::default() };
@@ -504,19 +487,17 @@ impl<'a> KernelBatch<'a> {
 
     // ---- losses ----
 
-    /// Mean squared error of `n` predictions: `loss[0] = mean((pred - target)²)` and, if
-    /// wanted, `grad = 2 (pred - target) / n`.
+    /// Mean squared error ([`Mse`]); the gradient only if `grad` is given.
     pub fn mse(
         &mut self,
         pred: &Allocation,
         target: &Allocation,
         loss: &Allocation,
         grad: Option<&Allocation>,
-        n: u64,
+        args: Mse,
     ) -> Result<(), KernelError> {
-        if n == 0 {
-            return Err(KernelError::InvalidArguments("the mean of no elements is undefined".into()));
-        }
+        args.validate()?;
+        let n = args.n;
         if n > u32::MAX as u64 {
             return Err(KernelError::InvalidArguments(format!("{n} elements are more than one reduction counts")));
         }
@@ -524,35 +505,31 @@ impl<'a> KernelBatch<'a> {
         let p = self.whole("pred", pred, n * 4)?;
         let t = self.whole("target", target, n * 4)?;
         let l = self.whole("loss", loss, 4)?;
-        let params = Params { n: n as u32, f0: [(1.0 / n as f64) as f32, 0.0, 0.0, 0.0], ..Params::default() };
+        let params = Params { n: n as u32, f0: [args.loss_scale(), 0.0, 0.0, 0.0], ..Params::default() };
         self.dispatch(kernel, vec![p.clone(), t.clone(), p, l], bytemuck::bytes_of(&params), 1)?;
         if let Some(grad) = grad {
-            let params = Params { f0: [(2.0 / n as f64) as f32, 0.0, 0.0, 0.0], ..Params::default() };
+            let params = Params { f0: [args.grad_scale(), 0.0, 0.0, 0.0], ..Params::default() };
             let operands = [("pred", pred), ("target", target), ("grad", grad)];
             self.elementwise(Module::Mse, "mse_grad", &operands, &[], n, params)?;
         }
         Ok(())
     }
 
-    /// Softmax cross-entropy of `logits[rows, cols]` against class indices `targets[rows]`
-    /// (u32): `loss[0]` = the mean over rows, and `grad = (softmax - onehot) / rows`. A
-    /// target outside `[0, cols)` makes the loss NaN. Takes a scratch block of `rows` f32
-    /// from the allocator for the per-row losses.
+    /// Softmax cross-entropy ([`CrossEntropy`]). Takes a scratch block of `rows` f32 from the
+    /// allocator for the per-row losses.
     pub fn cross_entropy(
         &mut self,
         logits: &Allocation,
         targets: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), KernelError> {
-        if rows == 0 || cols == 0 {
-            return Err(KernelError::InvalidArguments("cross-entropy needs at least one row and one class".into()));
-        }
+        args.validate()?;
+        let CrossEntropy { rows, cols } = args;
         let rows_kernel = self.entry(Module::CrossEntropy, "xent_rows")?;
         let mean_kernel = self.entry(Module::CrossEntropy, "xent_mean")?;
-        let elements = rows as u64 * cols as u64;
+        let elements = args.elements();
         let bindings = vec![
             self.whole("logits", logits, elements * 4)?,
             self.whole("targets", targets, rows as u64 * 4)?,
@@ -563,55 +540,44 @@ impl<'a> KernelBatch<'a> {
         let mut bindings = bindings;
         bindings.push(self.whole("row_loss", &row_loss, rows as u64 * 4)?);
         bindings.push(self.whole("loss", loss, 4)?);
-        let params = Params { rows, cols, f0: [(1.0 / rows as f64) as f32, 0.0, 0.0, 0.0], ..Params::default() };
+        let params = Params { rows, cols, f0: [args.scale(), 0.0, 0.0, 0.0], ..Params::default() };
         self.dispatch(rows_kernel, bindings.clone(), bytemuck::bytes_of(&params), rows as u64)?;
         self.dispatch(mean_kernel, bindings, bytemuck::bytes_of(&params), 1)
     }
 
     // ---- optimisers ----
 
-    /// One `torch.optim.SGD` step on `n` parameters; `momentum_buf` is needed when
-    /// `sgd.momentum != 0` (`first_step` initialises it from the gradient).
+    /// One SGD step ([`SgdStep`]); `momentum_buf` is needed when `sgd.momentum != 0`.
     pub fn sgd_step(
         &mut self,
         param: &Allocation,
         grad: &Allocation,
         momentum_buf: Option<&Allocation>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), KernelError> {
+        args.validate(momentum_buf.is_some())?;
+        let SgdStep { n, sgd, first_step } = args;
         let f0 = [sgd.lr, sgd.momentum, sgd.dampening, sgd.weight_decay];
         let f1 = [f32::from(u8::from(first_step)), f32::from(u8::from(sgd.nesterov)), 0.0, 0.0];
         let params = Params { f0, f1, ..Params::default() };
-        match (momentum_buf, sgd.momentum != 0.0) {
-            (Some(buf), _) => {
-                let operands = [("param", param), ("grad", grad), ("momentum_buf", buf)];
-                self.elementwise(Module::Optim, "sgd_step", &operands, &[], n, params)
-            }
-            (None, false) => {
-                self.elementwise(Module::Optim, "sgd_step", &[("param", param), ("grad", grad)], &[], n, params)
-            }
-            (None, true) => Err(KernelError::InvalidArguments("SGD with momentum needs a momentum buffer".into())),
-        }
+        let mut operands = vec![("param", param), ("grad", grad)];
+        // Without momentum the buffer is never read: the kernel's slot is padded.
+        operands.extend(momentum_buf.map(|buf| ("momentum_buf", buf)));
+        self.elementwise(Module::Optim, "sgd_step", &operands, &[], n, params)
     }
 
-    /// One `torch.optim.Adam` step (`step` counted from 1) on `n` parameters.
-    #[allow(clippy::too_many_arguments)] // the optimiser's state tensors and settings
+    /// One Adam step ([`AdamStep`]).
     pub fn adam_step(
         &mut self,
         param: &Allocation,
         grad: &Allocation,
         exp_avg: &Allocation,
         exp_avg_sq: &Allocation,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), KernelError> {
-        if step == 0 {
-            return Err(KernelError::InvalidArguments("Adam steps are counted from 1".into()));
-        }
-        let (step_size, sqrt_bc2) = adam.step_constants(step);
+        args.validate()?;
+        let AdamStep { n, adam, .. } = args;
+        let (step_size, sqrt_bc2) = args.constants();
         let params = Params {
             f0: [step_size, adam.beta1, adam.beta2, adam.eps],
             f1: [adam.weight_decay, sqrt_bc2, 0.0, 0.0],

@@ -24,6 +24,7 @@
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use cachalot_core::{AllocatorConfig, StreamId};
+//! use cachalot_shaders::ops::Activation;
 //! use cachalot_wgpu::{Kernels, WgpuConfig, WgpuContext};
 //!
 //! let context = WgpuContext::request_blocking(WgpuConfig::with_capacity(1 << 30))?;
@@ -32,7 +33,7 @@
 //! let x = allocator.malloc(1024 * 4, StreamId::DEFAULT)?;
 //! let mut batch = kernels.batch(&mut allocator);
 //! batch.fill(&x, 1024, 0.5)?;
-//! batch.gelu_forward(&x, &x, 1024)?;
+//! batch.activation(Activation::Gelu, &x, &x, 1024)?;
 //! let y = batch.read_f32(&x, 1024)?;
 //! batch.submit()?;
 //! println!("{}", y.wait_f32()?[0]);

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cachalot_core::{AllocatorError, Backend, HandleError, StreamId};
 use cachalot_shaders::MatmulShape;
+use cachalot_shaders::ops::Activation;
 use cachalot_wgpu::{KernelError, Kernels, MatmulOptions, QUEUE_STREAM, WgpuConfig, WgpuContext};
 use common::{read, upload};
 
@@ -212,7 +213,7 @@ fn kernels_refuse_stale_small_and_queue_stream_handles() {
     let on_queue = allocator.malloc(4096, QUEUE_STREAM).unwrap();
 
     let mut batch = kernels.batch(&mut allocator);
-    let error = batch.relu_forward(&freed, &y, 1024).unwrap_err();
+    let error = batch.activation(Activation::Relu, &freed, &y, 1024).unwrap_err();
     assert!(
         matches!(
             error,
@@ -222,7 +223,7 @@ fn kernels_refuse_stale_small_and_queue_stream_handles() {
         ),
         "{error:?}"
     );
-    let error = batch.relu_forward(&x, &y, 2048).unwrap_err();
+    let error = batch.activation(Activation::Relu, &x, &y, 2048).unwrap_err();
     assert!(matches!(error, KernelError::TooSmall { operand: "x", needed: 8192, size: 4096 }), "{error:?}");
     let error = batch.fill(&on_queue, 16, 1.0).unwrap_err();
     assert!(matches!(error, KernelError::QueueStream(_)), "{error:?}");

@@ -7,6 +7,7 @@ mod common;
 
 use cachalot_core::StreamId;
 use cachalot_shaders::cpu::{self, elementwise_relative_error};
+use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
 use cachalot_shaders::wgsl::MatmulTile;
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
 use cachalot_wgpu::{KernelError, Kernels, MatmulOptions, WgpuConfig};
@@ -148,10 +149,10 @@ fn activations_match_cpu() {
         let dy = upload(&kernels, &mut allocator, &dy_host);
         let outputs: Vec<_> = (0..4).map(|_| poisoned(&kernels, &mut allocator, n)).collect();
         let mut batch = kernels.batch(&mut allocator);
-        batch.relu_forward(&x, &outputs[0], n as u64).unwrap();
-        batch.relu_backward(&x, &dy, &outputs[1], n as u64).unwrap();
-        batch.gelu_forward(&x, &outputs[2], n as u64).unwrap();
-        batch.gelu_backward(&x, &dy, &outputs[3], n as u64).unwrap();
+        batch.activation(Activation::Relu, &x, &outputs[0], n as u64).unwrap();
+        batch.activation_backward(Activation::Relu, &x, &dy, &outputs[1], n as u64).unwrap();
+        batch.activation(Activation::Gelu, &x, &outputs[2], n as u64).unwrap();
+        batch.activation_backward(Activation::Gelu, &x, &dy, &outputs[3], n as u64).unwrap();
         batch.submit().unwrap();
         let mut want = vec![vec![0.0; n]; 4];
         cpu::relu_forward(&x_host, &mut want[0]);
@@ -202,8 +203,8 @@ fn fill_copy_and_bias_kernels_match_cpu() {
         let mut batch = kernels.batch(&mut allocator);
         batch.fill(&filled, n as u64, value).unwrap();
         batch.copy(&x, &copied, n as u64).unwrap();
-        batch.sum_rows(&x, &sums, rows, cols, false).unwrap();
-        batch.sum_rows(&x, &sums_acc, rows, cols, true).unwrap();
+        batch.sum_rows(&x, &sums, SumRows { rows, cols, accumulate: false }).unwrap();
+        batch.sum_rows(&x, &sums_acc, SumRows { rows, cols, accumulate: true }).unwrap();
         batch.add_bias(&x, &bias, rows, cols).unwrap(); // in place, after the reads above
         batch.submit().unwrap();
 
@@ -242,7 +243,7 @@ fn losses_match_cpu() {
         let loss = poisoned(&kernels, &mut allocator, 1);
         let grad = poisoned(&kernels, &mut allocator, n);
         let mut batch = kernels.batch(&mut allocator);
-        batch.mse(&pred, &target, &loss, Some(&grad), n as u64).unwrap();
+        batch.mse(&pred, &target, &loss, Some(&grad), Mse { n: n as u64 }).unwrap();
         batch.submit().unwrap();
         let want_loss = cpu::mse_loss(&pred_host, &target_host);
         let mut want_grad = vec![0.0; n];
@@ -264,7 +265,7 @@ fn losses_match_cpu() {
         let grad = poisoned(&kernels, &mut allocator, n);
         let mut batch = kernels.batch(&mut allocator);
         batch.upload_u32(&targets, &targets_host).unwrap();
-        batch.cross_entropy(&logits, &targets, &loss, &grad, rows, cols).unwrap();
+        batch.cross_entropy(&logits, &targets, &loss, &grad, CrossEntropy { rows, cols }).unwrap();
         batch.submit().unwrap();
         let mut want_grad = vec![0.0; n];
         let want_loss = cpu::cross_entropy(&logits_host, &targets_host, &mut want_grad, rows, cols, 1.0 / rows as f32);
@@ -276,7 +277,7 @@ fn losses_match_cpu() {
         targets_host[0] = cols;
         let mut batch = kernels.batch(&mut allocator);
         batch.upload_u32(&targets, &targets_host).unwrap();
-        batch.cross_entropy(&logits, &targets, &loss, &grad, rows, cols).unwrap();
+        batch.cross_entropy(&logits, &targets, &loss, &grad, CrossEntropy { rows, cols }).unwrap();
         batch.submit().unwrap();
         assert!(read(&kernels, &mut allocator, &loss, 1)[0].is_nan(), "{shape}: a bad target must give NaN");
         for a in [logits, targets, loss, grad] {
@@ -308,7 +309,7 @@ fn optimiser_steps_match_cpu() {
                 let grad = upload(&kernels, &mut allocator, &grad_host);
                 let mut batch = kernels.batch(&mut allocator);
                 let momentum = (sgd.momentum != 0.0).then_some(&buf);
-                batch.sgd_step(&param, &grad, momentum, n as u64, sgd, step == 0).unwrap();
+                batch.sgd_step(&param, &grad, momentum, SgdStep { n: n as u64, sgd, first_step: step == 0 }).unwrap();
                 batch.submit().unwrap();
                 allocator.free(grad).unwrap();
                 cpu::sgd_step(&mut param_host, &grad_host, &mut buf_host, sgd, step == 0);
@@ -328,7 +329,7 @@ fn optimiser_steps_match_cpu() {
             let grad_host = rng.vec(n, -1.0, 1.0);
             let grad = upload(&kernels, &mut allocator, &grad_host);
             let mut batch = kernels.batch(&mut allocator);
-            batch.adam_step(&param, &grad, &m, &v, n as u64, adam, step).unwrap();
+            batch.adam_step(&param, &grad, &m, &v, AdamStep { n: n as u64, adam, step }).unwrap();
             batch.submit().unwrap();
             allocator.free(grad).unwrap();
             cpu::adam_step(&mut param_host, &grad_host, &mut m_host, &mut v_host, adam, step);
@@ -364,7 +365,7 @@ fn large_tensors_run_in_chunks_or_name_the_binding_limit() {
     let bias = upload(&kernels, &mut allocator, &bias_host);
     let y = poisoned(&kernels, &mut allocator, n);
     let mut batch = kernels.batch(&mut allocator);
-    batch.gelu_forward(&x, &y, n as u64).unwrap();
+    batch.activation(Activation::Gelu, &x, &y, n as u64).unwrap();
     batch.add_bias(&y, &bias, rows, cols).unwrap();
     batch.submit().unwrap();
     let mut want = vec![0.0; n];

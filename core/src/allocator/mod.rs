@@ -3,13 +3,15 @@
 //! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
 //! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
 //! release, garbage collection), `expandable` (VA reservations and page mapping) and `inspect`
-//! (snapshots and the consistency check). Every state change goes through these paths, which
-//! update the stats and record the trace entry PyTorch would record.
+//! (snapshots and the consistency check); `object` is the [`Allocator`] trait that code not
+//! generic over the backend holds as `&dyn Allocator`. Every state change goes through these
+//! paths, which update the stats and record the trace entry PyTorch would record.
 
 mod expandable;
 mod free;
 mod inspect;
 mod malloc;
+mod object;
 mod release;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -26,6 +28,7 @@ use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceActi
 use crate::tree::{BlockTree, FreeIndex};
 
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
+pub use object::Allocator;
 
 /// Gives every allocator an id, so a handle from another allocator is recognised.
 static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);

@@ -2,11 +2,12 @@
 //! default stream as a PyTorch program runs — so the allocator sees PyTorch's sequence, the
 //! cuBLAS and cuBLASLt workspaces of the first products included.
 
-use cachalot_core::{Allocation, AllocatorConfig, CachingAllocator, StreamId};
+use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
 use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan, MatmulOptions};
-use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_shaders::MatmulShape;
+use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
 
-use super::{Activation, AllocatorOps, BackendKind, Device, StreamDiscipline, Workspaces};
+use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
 
 /// The one stream of the device (PyTorch's current stream).
@@ -40,14 +41,14 @@ impl CudaDevice {
     }
 }
 
-impl Device for CudaDevice {
+impl DeviceInfo for CudaDevice {
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
     }
-    fn allocator(&self) -> &dyn AllocatorOps {
+    fn allocator(&self) -> &dyn Allocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps {
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
         &mut self.allocator
     }
     fn discipline(&self) -> StreamDiscipline {
@@ -61,6 +62,9 @@ impl Device for CudaDevice {
         let (major, minor) = self.compute_capability;
         vec![("compute capability".into(), format!("{major}.{minor}"))]
     }
+}
+
+impl DeviceKernels for CudaDevice {
     fn synchronize(&mut self) -> Result<(), RuntimeError> {
         Ok(self.allocator.backend().cuda().synchronize()?)
     }
@@ -85,13 +89,11 @@ impl Device for CudaDevice {
         Ok(self.kernels.scale(STREAM, x, y, alpha, n)?)
     }
 
-    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError> {
-        if n == 0 {
-            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
-        }
+    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
+        args.validate()?;
         // PyTorch's staging block (2,112 bytes) holds the first pass's 512 partials.
         let partials = DeviceSpan::block(staging).slice(0, SUM_SCRATCH)?;
-        Ok(self.kernels.sum(STREAM, x, n, partials, out, (1.0 / n as f64) as f32)?)
+        Ok(self.kernels.sum(STREAM, x, args.n, partials, out, args.scale())?)
     }
 
     fn matmul(
@@ -107,23 +109,12 @@ impl Device for CudaDevice {
         Ok(self.kernels.matmul(&mut self.allocator, STREAM, a, b, c, shape, options)?)
     }
 
-    fn sum_rows(
-        &mut self,
-        x: &Allocation,
-        out: &Allocation,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sum_rows(STREAM, x, out, rows, cols, accumulate)?)
+    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
+        Ok(self.kernels.sum_rows(STREAM, x, out, args)?)
     }
 
     fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
-        match act {
-            Activation::Relu => self.kernels.relu_forward(STREAM, x, y, n)?,
-            Activation::Gelu => self.kernels.gelu_forward(STREAM, x, y, n)?,
-        }
-        Ok(())
+        Ok(self.kernels.activation(STREAM, act, x, y, n)?)
     }
 
     fn activation_backward(
@@ -134,11 +125,7 @@ impl Device for CudaDevice {
         dx: &Allocation,
         n: u64,
     ) -> Result<(), RuntimeError> {
-        match act {
-            Activation::Relu => self.kernels.relu_backward(STREAM, x, dy, dx, n)?,
-            Activation::Gelu => self.kernels.gelu_backward(STREAM, x, dy, dx, n)?,
-        }
-        Ok(())
+        Ok(self.kernels.activation_backward(STREAM, act, x, dy, dx, n)?)
     }
 
     fn mse(
@@ -147,9 +134,9 @@ impl Device for CudaDevice {
         target: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        n: u64,
+        args: Mse,
     ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.mse(STREAM, pred, target, loss, Some(DeviceSpan::from(grad)), n)?)
+        Ok(self.kernels.mse(STREAM, pred, target, loss, Some(DeviceSpan::from(grad)), args)?)
     }
 
     fn cross_entropy(
@@ -158,10 +145,9 @@ impl Device for CudaDevice {
         targets: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, logits, targets, loss, grad, rows, cols)?)
+        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, logits, targets, loss, grad, args)?)
     }
 
     fn sgd_step(
@@ -169,12 +155,9 @@ impl Device for CudaDevice {
         param: &Allocation,
         grad: &Allocation,
         momentum: Option<&Allocation>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), RuntimeError> {
-        let buf = momentum.map(DeviceSpan::from);
-        Ok(self.kernels.sgd_step(STREAM, param, grad, buf, n, sgd, first_step)?)
+        Ok(self.kernels.sgd_step(STREAM, param, grad, momentum.map(DeviceSpan::from), args)?)
     }
 
     fn adam_step(
@@ -183,10 +166,8 @@ impl Device for CudaDevice {
         grad: &Allocation,
         exp_avg: &Allocation,
         exp_avg_sq: &Allocation,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.adam_step(STREAM, param, grad, exp_avg, exp_avg_sq, n, adam, step)?)
+        Ok(self.kernels.adam_step(STREAM, param, grad, exp_avg, exp_avg_sq, args)?)
     }
 }

@@ -1,7 +1,9 @@
-//! The three devices an experiment runs on, behind one trait.
+//! The three devices an experiment runs on, behind one pair of traits.
 //!
-//! A [`Device`] owns a `CachingAllocator<B>` (seen through [`AllocatorOps`], so the runtime
-//! needs no generic parameter) and runs the kernels of the experiments on its allocations:
+//! A [`Device`] is two traits: [`DeviceInfo`] (its facts and its `CachingAllocator<B>`, seen
+//! as a `dyn cachalot_core::Allocator`, so the runtime needs no generic parameter) and
+//! [`DeviceKernels`] (one method per op of `cachalot_shaders::ops`, taking the op's argument
+//! struct). The three devices:
 //!
 //! - [`cuda::CudaDevice`]: `CachingAllocator<CudaBackend>` + `CudaKernels` (cuBLAS, cuBLASLt,
 //!   NVRTC). Everything runs on the default stream, as a PyTorch program does, so a freed
@@ -23,12 +25,10 @@ pub mod cuda;
 pub mod sim;
 pub mod wgpu;
 
-use cachalot_core::{
-    Allocation, AllocatorError, Backend, CachingAllocator, ContextId, DeviceFacts, Frame, Mark, MemoryStats, StreamId,
-    TraceEntry,
-};
-use cachalot_shaders::{Adam, MatmulShape, Sgd};
-use cachalot_trace::Snapshot;
+use cachalot_core::{Allocation, Allocator, StreamId};
+use cachalot_shaders::MatmulShape;
+pub use cachalot_shaders::ops::Activation;
+use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
 
 use crate::error::RuntimeError;
 
@@ -85,16 +85,6 @@ impl StreamDiscipline {
     }
 }
 
-/// An element-wise activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Activation {
-    /// `max(x, 0)`.
-    Relu,
-    /// Exact GELU, `x · Φ(x)`.
-    Gelu,
-}
-
 /// Sizes of PyTorch's persistent cuBLAS / cuBLASLt workspaces, where a device has them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Workspaces {
@@ -113,117 +103,19 @@ impl Workspaces {
     }
 }
 
-/// The caching allocator as the runtime uses it: the calls of `CachingAllocator<B>` it needs,
-/// object safe, implemented for every backend.
-pub trait AllocatorOps {
-    /// `malloc` on `stream`.
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocatorError>;
-    /// `free`.
-    fn free(&mut self, allocation: Allocation) -> Result<(), AllocatorError>;
-    /// `record_stream`.
-    fn record_stream(&mut self, allocation: &Allocation, stream: StreamId) -> Result<(), AllocatorError>;
-    /// `empty_cache`.
-    fn empty_cache(&mut self) -> Result<(), AllocatorError>;
-    /// Completes the frees whose events have completed.
-    fn process_events(&mut self) -> Result<(), AllocatorError>;
-    /// `memory_allocated()`.
-    fn memory_allocated(&self) -> u64;
-    /// `memory_reserved()`.
-    fn memory_reserved(&self) -> u64;
-    /// `memory_stats()`.
-    fn stats(&self) -> &MemoryStats;
-    /// `memory_summary()`.
-    fn memory_summary(&self, abbreviated: bool) -> String;
-    /// Records a labelled mark.
-    fn mark(&mut self, label: String);
-    /// The marks so far.
-    fn marks(&self) -> &[Mark];
-    /// The trace so far.
-    fn trace(&self) -> Vec<TraceEntry>;
-    /// A snapshot of everything (state, trace, stats, marks).
-    fn capture(&self, source: &str) -> Snapshot;
-    /// Interns a stack.
-    fn intern_context(&mut self, frames: &[Frame]) -> ContextId;
-    /// The stack following calls are made from.
-    fn set_context(&mut self, context: Option<ContextId>);
-    /// Facts about the device.
-    fn device(&self) -> &DeviceFacts;
-    /// Turns history recording on, keeping at most `max_entries`.
-    fn record_history(&mut self, max_entries: usize);
-    /// The allocator's invariant check.
-    fn check_consistency(&self) -> Result<(), String>;
-}
-
-impl<B: Backend> AllocatorOps for CachingAllocator<B> {
-    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocatorError> {
-        CachingAllocator::malloc(self, size, stream)
-    }
-    fn free(&mut self, allocation: Allocation) -> Result<(), AllocatorError> {
-        CachingAllocator::free(self, allocation)
-    }
-    fn record_stream(&mut self, allocation: &Allocation, stream: StreamId) -> Result<(), AllocatorError> {
-        CachingAllocator::record_stream(self, allocation, stream)
-    }
-    fn empty_cache(&mut self) -> Result<(), AllocatorError> {
-        CachingAllocator::empty_cache(self)
-    }
-    fn process_events(&mut self) -> Result<(), AllocatorError> {
-        CachingAllocator::process_events(self)
-    }
-    fn memory_allocated(&self) -> u64 {
-        CachingAllocator::memory_allocated(self)
-    }
-    fn memory_reserved(&self) -> u64 {
-        CachingAllocator::memory_reserved(self)
-    }
-    fn stats(&self) -> &MemoryStats {
-        CachingAllocator::stats(self)
-    }
-    fn memory_summary(&self, abbreviated: bool) -> String {
-        CachingAllocator::memory_summary(self, abbreviated)
-    }
-    fn mark(&mut self, label: String) {
-        CachingAllocator::mark(self, label)
-    }
-    fn marks(&self) -> &[Mark] {
-        CachingAllocator::marks(self)
-    }
-    fn trace(&self) -> Vec<TraceEntry> {
-        CachingAllocator::trace(self)
-    }
-    fn capture(&self, source: &str) -> Snapshot {
-        Snapshot::capture(self, source)
-    }
-    fn intern_context(&mut self, frames: &[Frame]) -> ContextId {
-        CachingAllocator::intern_context(self, frames)
-    }
-    fn set_context(&mut self, context: Option<ContextId>) {
-        CachingAllocator::set_context(self, context)
-    }
-    fn device(&self) -> &DeviceFacts {
-        CachingAllocator::device(self)
-    }
-    fn record_history(&mut self, max_entries: usize) {
-        CachingAllocator::record_history(self, true, max_entries, &[], true)
-    }
-    fn check_consistency(&self) -> Result<(), String> {
-        CachingAllocator::check_consistency(self)
-    }
-}
-
-/// A device the runtime runs on: its caching allocator and its kernels.
+/// What the runtime needs to know about a device, and its allocator.
 ///
-/// Operands are allocations of this device's allocator; sizes are element counts (f32, or u32
-/// for class targets). Kernel calls do no `record_stream` bookkeeping: the runtime does it
-/// according to [`Device::discipline`]. Calls are stream ordered; only [`Device::read`] and
-/// [`Device::synchronize`] wait for the device.
-pub trait Device {
+/// The facts half of a [`Device`]: which backend it is, when freed blocks may be reused,
+/// whether kernels compute, the workspaces its products allocate, facts and notes for reports,
+/// and the caching allocator — seen as a [`cachalot_core::Allocator`] object, so the runtime
+/// needs no generic parameter for the backend.
+pub trait DeviceInfo {
     /// Which backend family this is.
     fn kind(&self) -> BackendKind;
     /// The allocator.
-    fn allocator(&self) -> &dyn AllocatorOps;
+    fn allocator(&self) -> &dyn Allocator;
     /// The allocator, mutably.
-    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps;
+    fn allocator_mut(&mut self) -> &mut dyn Allocator;
     /// When freed blocks may be reused (see [`StreamDiscipline`]).
     fn discipline(&self) -> StreamDiscipline;
     /// Whether kernels compute (the simulator can skip them for allocation-only what-ifs).
@@ -234,7 +126,8 @@ pub trait Device {
     fn workspaces(&self) -> Option<Workspaces> {
         None
     }
-    /// Facts about the run for reports, beyond [`DeviceFacts`] (profile, adapter type, ...).
+    /// Facts about the run for reports, beyond [`DeviceFacts`](cachalot_core::DeviceFacts)
+    /// (profile, adapter type, ...).
     fn run_facts(&self) -> Vec<(String, String)> {
         Vec::new()
     }
@@ -252,13 +145,23 @@ pub trait Device {
     fn free(&mut self, allocation: Allocation) -> Result<(), RuntimeError> {
         Ok(self.allocator_mut().free(allocation)?)
     }
-    /// `empty_cache` (after waiting for submitted work, like [`Device::malloc`]).
+    /// `empty_cache` (after waiting for submitted work, like [`DeviceInfo::malloc`]).
     fn empty_cache(&mut self) -> Result<(), RuntimeError> {
         Ok(self.allocator_mut().empty_cache()?)
     }
+}
+
+/// The kernels of a device: one method per op of `cachalot_shaders::ops`, on allocations of
+/// the device's allocator.
+///
+/// Sizes are element counts (f32, or u32 for class targets); an op's arguments beyond its
+/// operands are its struct from `cachalot_shaders::ops`, whose `validate` every
+/// implementation calls. Kernel calls do no `record_stream` bookkeeping: the runtime does it
+/// according to [`DeviceInfo::discipline`]. Calls are stream ordered; only
+/// [`DeviceKernels::read`] and [`DeviceKernels::synchronize`] wait for the device.
+pub trait DeviceKernels {
     /// Waits for all submitted work.
     fn synchronize(&mut self) -> Result<(), RuntimeError>;
-
     /// Writes `words` (f32 bits or u32) to the start of `dst`.
     fn upload(&mut self, dst: &Allocation, words: &[u32]) -> Result<(), RuntimeError>;
     /// Reads `words` 32-bit words from the start of `src`, after the work queued before.
@@ -269,8 +172,8 @@ pub trait Device {
     fn fill_u32(&mut self, x: &Allocation, n: u64, value: u32) -> Result<(), RuntimeError>;
     /// `y = alpha · x` for `n` elements (`x` and `y` distinct).
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError>;
-    /// `out[0] = mean(x[0..n])`; `staging` is PyTorch's reduction scratch (2,112 bytes).
-    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError>;
+    /// `out[0] = mean(x)` ([`Mean`]); `staging` is PyTorch's reduction scratch (2,112 bytes).
+    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError>;
     /// `C = op(A) · op(B) (+ beta C) (+ bias)`. May allocate the device's workspaces.
     fn matmul(
         &mut self,
@@ -281,15 +184,8 @@ pub trait Device {
         beta: f32,
         bias: Option<&Allocation>,
     ) -> Result<(), RuntimeError>;
-    /// Column sums `out[c] (+)= Σ_r x[r, c]`.
-    fn sum_rows(
-        &mut self,
-        x: &Allocation,
-        out: &Allocation,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError>;
+    /// Column sums `out[c] (+)= Σ_r x[r, c]` ([`SumRows`]).
+    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError>;
     /// `y = act(x)`.
     fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError>;
     /// `dx = act'(x) · dy`.
@@ -301,48 +197,46 @@ pub trait Device {
         dx: &Allocation,
         n: u64,
     ) -> Result<(), RuntimeError>;
-    /// Mean squared error and its gradient `2 (pred - target) / n`.
+    /// Mean squared error and its gradient ([`Mse`]).
     fn mse(
         &mut self,
         pred: &Allocation,
         target: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        n: u64,
+        args: Mse,
     ) -> Result<(), RuntimeError>;
-    /// Softmax cross-entropy (mean over rows) and its gradient. Takes a scratch row from the
-    /// allocator, as the CUDA and wgpu kernels do.
-    #[allow(clippy::too_many_arguments)] // the loss's operands and its two sizes
+    /// Softmax cross-entropy (mean over rows) and its gradient ([`CrossEntropy`]). Takes a
+    /// scratch row from the allocator, as the CUDA and wgpu kernels do.
     fn cross_entropy(
         &mut self,
         logits: &Allocation,
         targets: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), RuntimeError>;
-    /// One SGD step.
-    #[allow(clippy::too_many_arguments)] // the optimiser's state tensors and settings
+    /// One SGD step ([`SgdStep`]).
     fn sgd_step(
         &mut self,
         param: &Allocation,
         grad: &Allocation,
         momentum: Option<&Allocation>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), RuntimeError>;
-    /// One Adam step (`step` from 1).
-    #[allow(clippy::too_many_arguments)] // the optimiser's state tensors and settings
+    /// One Adam step ([`AdamStep`]).
     fn adam_step(
         &mut self,
         param: &Allocation,
         grad: &Allocation,
         exp_avg: &Allocation,
         exp_avg_sq: &Allocation,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), RuntimeError>;
 }
+
+/// A device the runtime runs on: its facts and allocator ([`DeviceInfo`]) and its kernels
+/// ([`DeviceKernels`]). Implemented for every type that has both.
+pub trait Device: DeviceInfo + DeviceKernels {}
+
+impl<T: DeviceInfo + DeviceKernels + ?Sized> Device for T {}

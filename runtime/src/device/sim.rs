@@ -10,12 +10,14 @@
 
 use std::collections::BTreeMap;
 
+use cachalot_core::Allocator;
 use cachalot_core::{
     Allocation, AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId,
 };
-use cachalot_shaders::{Adam, MatmulShape, Sgd, cpu as reference};
+use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_shaders::{MatmulShape, cpu as reference};
 
-use super::{Activation, AllocatorOps, BackendKind, Device, QUEUE_STREAM, StreamDiscipline, Workspaces, cpu};
+use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, QUEUE_STREAM, StreamDiscipline, Workspaces, cpu};
 use crate::error::RuntimeError;
 
 /// Total memory of the H200 the reference traces were recorded on (`torch.cuda.get_device_properties(0).total_memory`).
@@ -309,14 +311,14 @@ fn check(a: &Allocation, bytes: u64, operand: &str) -> Result<(), RuntimeError> 
     Ok(())
 }
 
-impl Device for SimDevice {
+impl DeviceInfo for SimDevice {
     fn kind(&self) -> BackendKind {
         BackendKind::Sim
     }
-    fn allocator(&self) -> &dyn AllocatorOps {
+    fn allocator(&self) -> &dyn Allocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps {
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
         &mut self.allocator
     }
     fn discipline(&self) -> StreamDiscipline {
@@ -331,6 +333,9 @@ impl Device for SimDevice {
     fn run_facts(&self) -> Vec<(String, String)> {
         vec![("profile".into(), self.profile.name.clone())]
     }
+}
+
+impl DeviceKernels for SimDevice {
     fn synchronize(&mut self) -> Result<(), RuntimeError> {
         Ok(())
     }
@@ -366,12 +371,11 @@ impl Device for SimDevice {
         self.put(y, &values, "y")
     }
 
-    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError> {
+    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
         check(staging, 4, "staging")?;
         check(out, 4, "out")?;
-        if n == 0 {
-            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
-        }
+        args.validate()?;
+        let n = args.n;
         if !self.computes_now() {
             return check(x, n * 4, "x");
         }
@@ -388,7 +392,7 @@ impl Device for SimDevice {
         beta: f32,
         bias: Option<&Allocation>,
     ) -> Result<(), RuntimeError> {
-        if shape.m == 0 || shape.n == 0 {
+        if shape.is_empty() {
             return Ok(());
         }
         let (ea, eb, ec) = shape.elements();
@@ -419,15 +423,9 @@ impl Device for SimDevice {
         self.put(c, &cv, "c")
     }
 
-    fn sum_rows(
-        &mut self,
-        x: &Allocation,
-        out: &Allocation,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
-        let n = rows as u64 * cols as u64;
+    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
+        let SumRows { rows, cols, accumulate } = args;
+        let n = args.elements();
         check(x, n * 4, "x")?;
         check(out, cols as u64 * 4, "out")?;
         if !self.computes_now() {
@@ -447,10 +445,7 @@ impl Device for SimDevice {
         }
         let xv = self.f32s(x, n, "x")?;
         let mut yv = vec![0.0; n as usize];
-        match act {
-            Activation::Relu => reference::relu_forward(&xv, &mut yv),
-            Activation::Gelu => reference::gelu_forward(&xv, &mut yv),
-        }
+        reference::activation_forward(act, &xv, &mut yv);
         self.put(y, &yv, "y")
     }
 
@@ -470,10 +465,7 @@ impl Device for SimDevice {
         }
         let (xv, dyv) = (self.f32s(x, n, "x")?, self.f32s(dy, n, "dy")?);
         let mut dxv = vec![0.0; n as usize];
-        match act {
-            Activation::Relu => reference::relu_backward(&xv, &dyv, &mut dxv),
-            Activation::Gelu => reference::gelu_backward(&xv, &dyv, &mut dxv),
-        }
+        reference::activation_backward(act, &xv, &dyv, &mut dxv);
         self.put(dx, &dxv, "dx")
     }
 
@@ -483,11 +475,10 @@ impl Device for SimDevice {
         target: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        n: u64,
+        args: Mse,
     ) -> Result<(), RuntimeError> {
-        if n == 0 {
-            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
-        }
+        args.validate()?;
+        let n = args.n;
         check(pred, n * 4, "pred")?;
         check(target, n * 4, "target")?;
         check(loss, 4, "loss")?;
@@ -498,7 +489,7 @@ impl Device for SimDevice {
         let (p, t) = (self.f32s(pred, n, "pred")?, self.f32s(target, n, "target")?);
         let value = reference::mse_loss(&p, &t);
         let mut g = vec![0.0; n as usize];
-        reference::mse_grad(&p, &t, &mut g, (2.0 / n as f64) as f32);
+        reference::mse_grad(&p, &t, &mut g, args.grad_scale());
         self.put(loss, &[value], "loss")?;
         self.put(grad, &g, "grad")
     }
@@ -509,13 +500,11 @@ impl Device for SimDevice {
         targets: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), RuntimeError> {
-        if rows == 0 || cols == 0 {
-            return Err(RuntimeError::Shape("cross-entropy needs at least one row and one class".into()));
-        }
-        let elements = rows as u64 * cols as u64;
+        args.validate()?;
+        let CrossEntropy { rows, cols } = args;
+        let elements = args.elements();
         check(logits, elements * 4, "logits")?;
         check(targets, rows as u64 * 4, "targets")?;
         check(loss, 4, "loss")?;
@@ -530,7 +519,7 @@ impl Device for SimDevice {
             let l = self.f32s(logits, elements, "logits")?;
             let t = self.host().read_words(targets.address(), rows as usize)?;
             let mut g = vec![0.0; elements as usize];
-            let value = reference::cross_entropy(&l, &t, &mut g, rows, cols, (1.0 / rows as f64) as f32);
+            let value = reference::cross_entropy(&l, &t, &mut g, rows, cols, args.scale());
             self.put(loss, &[value], "loss").and_then(|_| self.put(grad, &g, "grad"))
         } else {
             Ok(())
@@ -544,15 +533,12 @@ impl Device for SimDevice {
         param: &Allocation,
         grad: &Allocation,
         momentum: Option<&Allocation>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), RuntimeError> {
+        let SgdStep { n, sgd, first_step } = args;
         check(param, n * 4, "param")?;
         check(grad, n * 4, "grad")?;
-        if sgd.momentum != 0.0 && momentum.is_none() {
-            return Err(RuntimeError::Shape("SGD with momentum needs a momentum buffer".into()));
-        }
+        args.validate(momentum.is_some())?;
         if !self.computes_now() {
             return Ok(());
         }
@@ -576,13 +562,10 @@ impl Device for SimDevice {
         grad: &Allocation,
         exp_avg: &Allocation,
         exp_avg_sq: &Allocation,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), RuntimeError> {
-        if step == 0 {
-            return Err(RuntimeError::Parameters("Adam steps are counted from 1".into()));
-        }
+        args.validate()?;
+        let AdamStep { n, adam, step } = args;
         for (a, name) in [(param, "param"), (grad, "grad"), (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")] {
             check(a, n * 4, name)?;
         }

@@ -4,19 +4,20 @@
 //! the operands it binds on the queue stream, so a block freed after it returns to the cache
 //! when the submission has completed. To make that point deterministic — and equal to the
 //! simulator's `wgpu` profile — the device waits for the queue before every allocator call
-//! that completes frees ([`Device::malloc`], [`Device::empty_cache`]): every event recorded
+//! that completes frees ([`DeviceInfo::malloc`], [`DeviceInfo::empty_cache`]): every event recorded
 //! before such a call has then completed, whatever the GPU's speed.
 
 use std::sync::Arc;
 
-use cachalot_core::{Allocation, AllocatorConfig, CachingAllocator, StreamId};
-use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
+use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_shaders::{MatmulShape, Sgd};
 use cachalot_wgpu::{KernelBatch, Kernels, MatmulOptions, WgpuBackend, WgpuConfig, WgpuContext};
 
-use super::{Activation, AllocatorOps, BackendKind, Device, StreamDiscipline};
+use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline};
 use crate::error::RuntimeError;
 
-/// Columns of the first pass of [`Device::mean`]: partials that fit PyTorch's 2,112-byte
+/// Columns of the first pass of [`DeviceKernels::mean`]: partials that fit PyTorch's 2,112-byte
 /// reduction staging block.
 const MEAN_COLUMNS: u64 = 512;
 
@@ -86,14 +87,14 @@ impl WgpuDevice {
     }
 }
 
-impl Device for WgpuDevice {
+impl DeviceInfo for WgpuDevice {
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu
     }
-    fn allocator(&self) -> &dyn AllocatorOps {
+    fn allocator(&self) -> &dyn Allocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn AllocatorOps {
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
         &mut self.allocator
     }
     fn discipline(&self) -> StreamDiscipline {
@@ -128,7 +129,9 @@ impl Device for WgpuDevice {
         self.settle()?;
         Ok(self.allocator.empty_cache()?)
     }
+}
 
+impl DeviceKernels for WgpuDevice {
     fn synchronize(&mut self) -> Result<(), RuntimeError> {
         self.settle()
     }
@@ -156,23 +159,23 @@ impl Device for WgpuDevice {
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError> {
         // No scale kernel in the WGSL set: y = 0, then an SGD step with lr = -alpha gives
         // y = 0 - (-alpha) · x = alpha · x exactly (one rounding, as a product).
-        let sgd = Sgd { lr: -alpha, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false };
+        let step = SgdStep { n, sgd: Sgd::new(-alpha), first_step: true };
         self.submit(|b| {
             b.fill(y, n, 0.0)?;
-            b.sgd_step(y, x, None, n, sgd, true)
+            b.sgd_step(y, x, None, step)
         })
     }
 
-    fn mean(&mut self, x: &Allocation, n: u64, staging: &Allocation, out: &Allocation) -> Result<(), RuntimeError> {
-        if n == 0 {
-            return Err(RuntimeError::Shape("the mean of no elements is undefined".into()));
-        }
+    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
+        args.validate()?;
+        let n = args.n;
         // Column sums of x as [n / cols, cols] into the staging block, then the last sum and
         // the division on the host. A tensor over the binding limit cannot be bound whole
         // (the WGSL set has no chunked reduction): it is read back and summed on the host.
         let cols = (1..=MEAN_COLUMNS.min(n)).rev().find(|c| n.is_multiple_of(*c)).unwrap_or(1);
         let sum = if n * 4 <= self.binding_limit() && n / cols <= u32::MAX as u64 {
-            self.submit(|b| b.sum_rows(x, staging, (n / cols) as u32, cols as u32, false))?;
+            let sums = SumRows { rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
+            self.submit(|b| b.sum_rows(x, staging, sums))?;
             let partials = self.read(staging, cols as usize)?;
             partials.iter().map(|&w| f32::from_bits(w) as f64).sum::<f64>()
         } else {
@@ -196,22 +199,12 @@ impl Device for WgpuDevice {
         self.submit(|batch| batch.matmul(a, b, c, shape, MatmulOptions { beta, bias }))
     }
 
-    fn sum_rows(
-        &mut self,
-        x: &Allocation,
-        out: &Allocation,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.sum_rows(x, out, rows, cols, accumulate))
+    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
+        self.submit(|b| b.sum_rows(x, out, args))
     }
 
     fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
-        self.submit(|b| match act {
-            Activation::Relu => b.relu_forward(x, y, n),
-            Activation::Gelu => b.gelu_forward(x, y, n),
-        })
+        self.submit(|b| b.activation(act, x, y, n))
     }
 
     fn activation_backward(
@@ -222,10 +215,7 @@ impl Device for WgpuDevice {
         dx: &Allocation,
         n: u64,
     ) -> Result<(), RuntimeError> {
-        self.submit(|b| match act {
-            Activation::Relu => b.relu_backward(x, dy, dx, n),
-            Activation::Gelu => b.gelu_backward(x, dy, dx, n),
-        })
+        self.submit(|b| b.activation_backward(act, x, dy, dx, n))
     }
 
     fn mse(
@@ -234,9 +224,9 @@ impl Device for WgpuDevice {
         target: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        n: u64,
+        args: Mse,
     ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.mse(pred, target, loss, Some(grad), n))
+        self.submit(|b| b.mse(pred, target, loss, Some(grad), args))
     }
 
     fn cross_entropy(
@@ -245,12 +235,11 @@ impl Device for WgpuDevice {
         targets: &Allocation,
         loss: &Allocation,
         grad: &Allocation,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), RuntimeError> {
         // The batch allocates its scratch row: wait first, as before any allocator call.
         self.settle()?;
-        self.submit(|b| b.cross_entropy(logits, targets, loss, grad, rows, cols))
+        self.submit(|b| b.cross_entropy(logits, targets, loss, grad, args))
     }
 
     fn sgd_step(
@@ -258,11 +247,9 @@ impl Device for WgpuDevice {
         param: &Allocation,
         grad: &Allocation,
         momentum: Option<&Allocation>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.sgd_step(param, grad, momentum, n, sgd, first_step))
+        self.submit(|b| b.sgd_step(param, grad, momentum, args))
     }
 
     fn adam_step(
@@ -271,10 +258,8 @@ impl Device for WgpuDevice {
         grad: &Allocation,
         exp_avg: &Allocation,
         exp_avg_sq: &Allocation,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.adam_step(param, grad, exp_avg, exp_avg_sq, n, adam, step))
+        self.submit(|b| b.adam_step(param, grad, exp_avg, exp_avg_sq, args))
     }
 }

@@ -19,10 +19,10 @@
 //! | `timings` | [[`Timing`]] | named durations (e.g. time per training step) |
 //! | `trace_complete` | bool | whether the trace starts from an empty allocator (else earlier entries were dropped) |
 
-use cachalot_core::backend::{Backend, DeviceFacts};
+use cachalot_core::backend::DeviceFacts;
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{Annotation, ContextTable, Frame, Mark, TraceEntry};
-use cachalot_core::{CachingAllocator, SegmentSnapshot};
+use cachalot_core::{Allocator, SegmentSnapshot};
 
 /// Value of the `format` field.
 pub const FORMAT: &str = "cachalot-snapshot";
@@ -88,18 +88,20 @@ pub enum SnapshotFileError {
 }
 
 impl Snapshot {
-    /// Captures the allocator now. The trace is complete when history was recorded from the
-    /// allocator's first operation and the ring buffer never overwrote an entry.
-    pub fn capture<B: Backend>(allocator: &CachingAllocator<B>, source: impl Into<String>) -> Self {
+    /// Captures the allocator now: a `&CachingAllocator<B>` or a `&dyn Allocator` (the
+    /// runtime's, whose backend is chosen at run time). The trace is complete when history was
+    /// recorded from the allocator's first operation and the ring buffer never overwrote an entry.
+    pub fn capture(allocator: &(impl Allocator + ?Sized), source: impl Into<String>) -> Self {
         let trace = allocator.trace();
         let complete = allocator.is_recording_history() && allocator.trace_len_total() == trace.len() as u64;
+        let fraction = allocator.memory_fraction();
         Snapshot {
             format: FORMAT.into(),
             version: VERSION,
             source: source.into(),
             device: allocator.device().clone(),
-            settings: allocator.config().settings().to_owned(),
-            memory_fraction: (allocator.memory_fraction() < 1.0).then(|| allocator.memory_fraction()),
+            settings: allocator.settings().to_owned(),
+            memory_fraction: (fraction < 1.0).then_some(fraction),
             segments: allocator.snapshot(),
             trace,
             stacks: allocator.contexts().stacks().iter().map(|s| s.to_vec()).collect(),
@@ -151,7 +153,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cachalot_core::{AllocatorConfig, SimBackend, StreamId};
+    use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
 
     #[test]
     fn round_trips_through_json() {
@@ -163,6 +165,7 @@ mod tests {
         a.mark("after x");
         a.free(x).unwrap();
         let snap = Snapshot::capture(&a, "test");
+        assert_eq!(Snapshot::capture(&a as &dyn Allocator, "test"), snap, "a dyn caller captures the same");
         assert!(snap.trace_complete);
         assert_eq!(snap.trace.len(), 4);
         let back = Snapshot::from_json(&snap.to_json()).unwrap();

@@ -6,6 +6,11 @@
 //! cuBLAS (`cublasSgemm`) and, for products with a bias, to cuBLASLt with the bias epilogue,
 //! with PyTorch 2.11's workspaces taken from the caching allocator.
 //!
+//! An op's arguments beyond its operands are its struct from `cachalot_shaders::ops`
+//! (`SumRows`, `Mse`, `CrossEntropy`, `SgdStep`, `AdamStep`, `Activation`), whose `validate`
+//! is the one check of those arguments on every backend; this module checks the operands
+//! (each [`DeviceSpan`] holds what the kernel touches).
+//!
 //! Everything is stream-ordered and asynchronous except [`CudaKernels::read`] (which waits for
 //! its stream). Kernels do no cross-stream bookkeeping: like a PyTorch program, a caller that
 //! uses a block on another stream than its own calls
@@ -22,7 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cachalot_core::{Allocation, CachingAllocator, StreamId};
-use cachalot_shaders::{Adam, MatmulShape, Sgd};
+use cachalot_shaders::MatmulShape;
+use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::backend::CudaBackend;
@@ -417,18 +423,23 @@ impl CudaKernels {
         unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
     }
 
-    fn unary(
+    /// `y = act(x)` for `n` elements (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
+    pub fn activation(
         &self,
-        function: &CudaFunction,
         stream: StreamId,
-        x: DeviceSpan,
-        y: DeviceSpan,
+        act: Activation,
+        x: impl Into<DeviceSpan>,
+        y: impl Into<DeviceSpan>,
         n: u64,
     ) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
-        let (x, y) = (x.check("x", n * 4)?, y.check("y", n * 4)?);
+        let (x, y) = (x.into().check("x", n * 4)?, y.into().check("y", n * 4)?);
+        let function = match act {
+            Activation::Relu => &self.functions.relu_forward,
+            Activation::Gelu => &self.functions.gelu_forward,
+        };
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(function);
         launch.arg(&x).arg(&y).arg(&n);
@@ -436,69 +447,30 @@ impl CudaKernels {
         unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
     }
 
-    fn backward(
+    /// `dx = act'(x) · dy` for `n` elements (ReLU: PyTorch's `threshold_backward`; GELU:
+    /// `dy · (Φ(x) + x · φ(x))`).
+    pub fn activation_backward(
         &self,
-        function: &CudaFunction,
         stream: StreamId,
-        spans: [DeviceSpan; 3],
+        act: Activation,
+        x: impl Into<DeviceSpan>,
+        dy: impl Into<DeviceSpan>,
+        dx: impl Into<DeviceSpan>,
         n: u64,
     ) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
-        let [x, dy, dx] = spans;
-        let (x, dy, dx) = (x.check("x", n * 4)?, dy.check("dy", n * 4)?, dx.check("dx", n * 4)?);
+        let (x, dy, dx) = (x.into().check("x", n * 4)?, dy.into().check("dy", n * 4)?, dx.into().check("dx", n * 4)?);
+        let function = match act {
+            Activation::Relu => &self.functions.relu_backward,
+            Activation::Gelu => &self.functions.gelu_backward,
+        };
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(function);
         launch.arg(&x).arg(&dy).arg(&dx).arg(&n);
         // SAFETY: `(const float* input, const float* grad_out, float* grad_in, u64 n)`; checked.
         unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
-    }
-
-    /// `y = max(x, 0)`.
-    pub fn relu_forward(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        y: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
-        self.unary(&self.functions.relu_forward, stream, x.into(), y.into(), n)
-    }
-
-    /// `dx = dy` where `x > 0`, else 0 (PyTorch's `threshold_backward`).
-    pub fn relu_backward(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        dy: impl Into<DeviceSpan>,
-        dx: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
-        self.backward(&self.functions.relu_backward, stream, [x.into(), dy.into(), dx.into()], n)
-    }
-
-    /// Exact GELU, `y = x · Φ(x)`.
-    pub fn gelu_forward(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        y: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
-        self.unary(&self.functions.gelu_forward, stream, x.into(), y.into(), n)
-    }
-
-    /// `dx = dy · (Φ(x) + x · φ(x))`.
-    pub fn gelu_backward(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        dy: impl Into<DeviceSpan>,
-        dx: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
-        self.backward(&self.functions.gelu_backward, stream, [x.into(), dy.into(), dx.into()], n)
     }
 
     /// `x[r, c] += bias[c]` for `x` of `[rows, cols]`.
@@ -528,14 +500,13 @@ impl CudaKernels {
         stream: StreamId,
         x: impl Into<DeviceSpan>,
         out: impl Into<DeviceSpan>,
-        rows: u32,
-        cols: u32,
-        accumulate: bool,
+        args: SumRows,
     ) -> Result<(), CudaError> {
+        let SumRows { rows, cols, accumulate } = args;
         if cols == 0 {
             return Ok(());
         }
-        let x = x.into().check("x", u64::from(rows) * u64::from(cols) * 4)?;
+        let x = x.into().check("x", args.elements() * 4)?;
         let out = out.into().check("out", u64::from(cols) * 4)?;
         let accumulate = i32::from(accumulate);
         let s = self.stream(stream)?;
@@ -572,8 +543,7 @@ impl CudaKernels {
 
     // ---- losses ----
 
-    /// Mean squared error of `n` predictions: `loss[0] = mean((pred - target)²)` and, if
-    /// wanted, `grad = 2 (pred - target) / n`.
+    /// Mean squared error ([`Mse`]); the gradient only if `grad` is given.
     pub fn mse(
         &self,
         stream: StreamId,
@@ -581,22 +551,21 @@ impl CudaKernels {
         target: impl Into<DeviceSpan>,
         loss: impl Into<DeviceSpan>,
         grad: Option<DeviceSpan>,
-        n: u64,
+        args: Mse,
     ) -> Result<(), CudaError> {
-        if n == 0 {
-            return Err(CudaError::InvalidArguments("the mean of no elements is undefined".into()));
-        }
+        args.validate()?;
+        let n = args.n;
         let (pred, target) = (pred.into().check("pred", n * 4)?, target.into().check("target", n * 4)?);
         let loss = loss.into().check("loss", 4)?;
         let s = self.stream(stream)?;
-        let scale = (1.0 / n as f64) as f32;
+        let scale = args.loss_scale();
         let mut launch = s.launch_builder(&self.functions.mse_loss);
         launch.arg(&pred).arg(&target).arg(&loss).arg(&n).arg(&scale);
         // SAFETY: `mse_loss(const float*, const float*, float*, u64, float)`, one block of 256.
         unsafe { launch.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         if let Some(grad) = grad {
             let grad = grad.check("grad", n * 4)?;
-            let scale = (2.0 / n as f64) as f32;
+            let scale = args.grad_scale();
             let mut launch = s.launch_builder(&self.functions.mse_grad);
             launch.arg(&pred).arg(&target).arg(&grad).arg(&n).arg(&scale);
             // SAFETY: `mse_grad(const float*, const float*, float*, u64, float)`; checked.
@@ -605,12 +574,10 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// Softmax cross-entropy of `logits[rows, cols]` against class indices `targets[rows]`
-    /// (u32): `loss[0]` = the mean over rows and `grad = (softmax - onehot) / rows`. A target
-    /// outside `[0, cols)` makes the loss NaN. Takes a scratch block of `rows` f32 from the
+    /// Softmax cross-entropy ([`CrossEntropy`]). Takes a scratch block of `rows` f32 from the
     /// allocator for the per-row losses (freed at once: it is reused only by later work on
     /// the same stream).
-    #[allow(clippy::too_many_arguments)] // the loss's operands and its two sizes
+    #[allow(clippy::too_many_arguments)] // the loss's four operands, the allocator and the stream
     pub fn cross_entropy(
         &self,
         allocator: &mut CachingAllocator<CudaBackend>,
@@ -619,14 +586,12 @@ impl CudaKernels {
         targets: impl Into<DeviceSpan>,
         loss: impl Into<DeviceSpan>,
         grad: impl Into<DeviceSpan>,
-        rows: u32,
-        cols: u32,
+        args: CrossEntropy,
     ) -> Result<(), CudaError> {
-        if rows == 0 || cols == 0 {
-            return Err(CudaError::InvalidArguments("cross-entropy needs at least one row and one class".into()));
-        }
+        args.validate()?;
         self.check_allocator(allocator)?;
-        let elements = u64::from(rows) * u64::from(cols);
+        let CrossEntropy { rows, cols } = args;
+        let elements = args.elements();
         let logits = logits.into().check("logits", elements * 4)?;
         let targets = targets.into().check("targets", u64::from(rows) * 4)?;
         let loss = loss.into().check("loss", 4)?;
@@ -634,7 +599,7 @@ impl CudaKernels {
         let s = self.stream(stream)?;
         let scratch = allocator.malloc(u64::from(rows) * 4, stream)?;
         let row_loss = scratch.address();
-        let scale = (1.0 / f64::from(rows)) as f32;
+        let scale = args.scale();
         let mut per_row = s.launch_builder(&self.functions.xent_rows);
         per_row.arg(&logits).arg(&targets).arg(&grad).arg(&row_loss).arg(&rows).arg(&cols).arg(&scale);
         // SAFETY: `xent_rows(const float*, const u32*, float*, float*, u32, u32, float)`, one
@@ -652,30 +617,23 @@ impl CudaKernels {
 
     // ---- optimisers ----
 
-    /// One `torch.optim.SGD` step on `n` parameters; `momentum_buf` is needed when
-    /// `sgd.momentum != 0` (`first_step` initialises it from the gradient).
-    #[allow(clippy::too_many_arguments)] // the optimiser's state tensors and settings
+    /// One SGD step ([`SgdStep`]); `momentum_buf` is needed when `sgd.momentum != 0`.
     pub fn sgd_step(
         &self,
         stream: StreamId,
         param: impl Into<DeviceSpan>,
         grad: impl Into<DeviceSpan>,
         momentum_buf: Option<DeviceSpan>,
-        n: u64,
-        sgd: Sgd,
-        first_step: bool,
+        args: SgdStep,
     ) -> Result<(), CudaError> {
+        let SgdStep { n, sgd, first_step } = args;
         if n == 0 {
             return Ok(());
         }
         let (param, grad) = (param.into().check("param", n * 4)?, grad.into().check("grad", n * 4)?);
-        let buf = match (momentum_buf, sgd.momentum != 0.0) {
-            (Some(buf), _) => buf.check("momentum_buf", n * 4)?,
-            (None, false) => 0,
-            (None, true) => {
-                return Err(CudaError::InvalidArguments("SGD with momentum needs a momentum buffer".into()));
-            }
-        };
+        args.validate(momentum_buf.is_some())?;
+        // Not read when momentum is 0: a null pointer will do.
+        let buf = momentum_buf.map(|buf| buf.check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
         let (nesterov, first) = (i32::from(sgd.nesterov), i32::from(first_step));
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(&self.functions.sgd_step);
@@ -686,8 +644,7 @@ impl CudaKernels {
         unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
     }
 
-    /// One `torch.optim.Adam` step (`step` counted from 1) on `n` parameters.
-    #[allow(clippy::too_many_arguments)] // the optimiser's state tensors and settings
+    /// One Adam step ([`AdamStep`]).
     pub fn adam_step(
         &self,
         stream: StreamId,
@@ -695,13 +652,10 @@ impl CudaKernels {
         grad: impl Into<DeviceSpan>,
         exp_avg: impl Into<DeviceSpan>,
         exp_avg_sq: impl Into<DeviceSpan>,
-        n: u64,
-        adam: Adam,
-        step: u32,
+        args: AdamStep,
     ) -> Result<(), CudaError> {
-        if step == 0 {
-            return Err(CudaError::InvalidArguments("Adam steps are counted from 1".into()));
-        }
+        args.validate()?;
+        let AdamStep { n, adam, .. } = args;
         if n == 0 {
             return Ok(());
         }
@@ -709,7 +663,7 @@ impl CudaKernels {
         let grad = grad.into().check("grad", n * 4)?;
         let m = exp_avg.into().check("exp_avg", n * 4)?;
         let v = exp_avg_sq.into().check("exp_avg_sq", n * 4)?;
-        let (step_size, sqrt_bc2) = adam.step_constants(step);
+        let (step_size, sqrt_bc2) = args.constants();
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(&self.functions.adam_step);
         launch.arg(&param).arg(&grad).arg(&m).arg(&v).arg(&n);
@@ -800,7 +754,7 @@ impl CudaKernels {
         shape: MatmulShape,
         options: MatmulOptions,
     ) -> Result<(), CudaError> {
-        if shape.m == 0 || shape.n == 0 {
+        if shape.is_empty() {
             return Ok(());
         }
         let (ea, eb, ec) = shape.elements();
@@ -886,7 +840,7 @@ impl CudaKernels {
         let options = MatmulOptions { beta, bias: None };
         self.matmul(allocator, stream, dy, x, dw, MatmulShape::tn(outputs, inputs, batch), options)?;
         if let Some(db) = db {
-            self.sum_rows(stream, dy, db, batch, outputs, accumulate)?;
+            self.sum_rows(stream, dy, db, SumRows { rows: batch, cols: outputs, accumulate })?;
         }
         Ok(())
     }

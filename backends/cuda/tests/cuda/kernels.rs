@@ -5,6 +5,7 @@
 use cachalot_core::{AllocatorConfig, CachingAllocator, StreamId, TraceAction};
 use cachalot_cuda::{CudaBackend, CudaError, CudaKernels, DeviceSpan, MatmulOptions, WorkspaceKind, WorkspaceSizes};
 use cachalot_shaders::cpu::{self, Rng, elementwise_relative_error, relative_error};
+use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
 
 use crate::common;
@@ -58,22 +59,18 @@ fn elementwise_kernels_match_the_cpu_references() {
         assert_close("scale", &read(&kernels, s, &y_dev, n), &x.iter().map(|v| -2.5 * v).collect::<Vec<_>>());
 
         let mut want = vec![0.0; n];
-        kernels.relu_forward(s, &x_dev, &y_dev, n64).unwrap();
-        cpu::relu_forward(&x, &mut want);
-        assert_close("relu_forward", &read(&kernels, s, &y_dev, n), &want);
-        kernels.relu_backward(s, &x_dev, &dy_dev, &dx_dev, n64).unwrap();
-        cpu::relu_backward(&x, &dy, &mut want);
-        assert_close("relu_backward", &read(&kernels, s, &dx_dev, n), &want);
-        kernels.gelu_forward(s, &x_dev, &y_dev, n64).unwrap();
-        cpu::gelu_forward(&x, &mut want);
-        assert_close("gelu_forward", &read(&kernels, s, &y_dev, n), &want);
-        kernels.gelu_backward(s, &x_dev, &dy_dev, &dx_dev, n64).unwrap();
-        cpu::gelu_backward(&x, &dy, &mut want);
-        assert_close("gelu_backward", &read(&kernels, s, &dx_dev, n), &want);
+        for act in [Activation::Relu, Activation::Gelu] {
+            kernels.activation(s, act, &x_dev, &y_dev, n64).unwrap();
+            cpu::activation_forward(act, &x, &mut want);
+            assert_close(act.forward_entry(), &read(&kernels, s, &y_dev, n), &want);
+            kernels.activation_backward(s, act, &x_dev, &dy_dev, &dx_dev, n64).unwrap();
+            cpu::activation_backward(act, &x, &dy, &mut want);
+            assert_close(act.backward_entry(), &read(&kernels, s, &dx_dev, n), &want);
+        }
 
         // Losses: MSE of x against dy.
         let loss = allocator.malloc(4, s).unwrap();
-        kernels.mse(s, &x_dev, &dy_dev, &loss, Some(DeviceSpan::from(&dx_dev)), n64).unwrap();
+        kernels.mse(s, &x_dev, &dy_dev, &loss, Some(DeviceSpan::from(&dx_dev)), Mse { n: n64 }).unwrap();
         let got = read(&kernels, s, &loss, 1)[0];
         let want_loss = cpu::mse_loss(&x, &dy);
         assert!(relative_error(&[got], &[want_loss]) < TOLERANCE, "mse_loss {got} vs {want_loss}");
@@ -100,7 +97,7 @@ fn elementwise_kernels_match_the_cpu_references() {
             let (p_dev, buf_dev) = (upload(&mut allocator, &kernels, s, &p), upload(&mut allocator, &kernels, s, &buf));
             for step in 0..3 {
                 let momentum = (sgd.momentum != 0.0).then(|| DeviceSpan::from(&buf_dev));
-                kernels.sgd_step(s, &p_dev, &dy_dev, momentum, n64, sgd, step == 0).unwrap();
+                kernels.sgd_step(s, &p_dev, &dy_dev, momentum, SgdStep { n: n64, sgd, first_step: step == 0 }).unwrap();
                 cpu::sgd_step(&mut p, &dy, &mut buf, sgd, step == 0);
             }
             assert_close("sgd_step", &read(&kernels, s, &p_dev, n), &p);
@@ -115,7 +112,7 @@ fn elementwise_kernels_match_the_cpu_references() {
             upload(&mut allocator, &kernels, s, &v),
         );
         for step in 1..=3 {
-            kernels.adam_step(s, &p_dev, &dy_dev, &m_dev, &v_dev, n64, adam, step).unwrap();
+            kernels.adam_step(s, &p_dev, &dy_dev, &m_dev, &v_dev, AdamStep { n: n64, adam, step }).unwrap();
             cpu::adam_step(&mut p, &dy, &mut m, &mut v, adam, step);
         }
         assert_close("adam_step param", &read(&kernels, s, &p_dev, n), &p);
@@ -139,7 +136,7 @@ fn elementwise_kernels_match_the_cpu_references() {
         assert_close("add_bias", &read(&kernels, s, &x_dev, n), &want);
 
         let sums_dev = upload(&mut allocator, &kernels, s, &bias);
-        kernels.sum_rows(s, &x_dev, &sums_dev, rows, cols, true).unwrap();
+        kernels.sum_rows(s, &x_dev, &sums_dev, SumRows { rows, cols, accumulate: true }).unwrap();
         let mut sums = bias.clone();
         cpu::sum_rows(&want, &mut sums, rows, cols, true);
         let got = read(&kernels, s, &sums_dev, cols as usize);
@@ -150,7 +147,9 @@ fn elementwise_kernels_match_the_cpu_references() {
         kernels.upload(s, &targets_dev, &targets).unwrap();
         let (loss_dev, grad_dev) = (allocator.malloc(4, s).unwrap(), allocator.malloc(n as u64 * 4, s).unwrap());
         let before = allocator.memory_allocated();
-        kernels.cross_entropy(&mut allocator, s, &x_dev, &targets_dev, &loss_dev, &grad_dev, rows, cols).unwrap();
+        kernels
+            .cross_entropy(&mut allocator, s, &x_dev, &targets_dev, &loss_dev, &grad_dev, CrossEntropy { rows, cols })
+            .unwrap();
         assert_eq!(allocator.memory_allocated(), before, "the scratch row goes back at once");
         let mut grad = vec![0.0; n];
         let loss = cpu::cross_entropy(&want, &targets, &mut grad, rows, cols, 1.0 / rows as f32);
