@@ -2,16 +2,14 @@
 //! compiled kernels, shared (through `Arc`) by the backend and the kernel runner.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex};
 
 use cachalot_core::BackendError;
 
-use crate::error::WgpuError;
-use crate::pipelines::Pipelines;
+use crate::error::{KernelError, WgpuError};
+use crate::pipelines::{Kernel, PipelineKey, Pipelines};
+use crate::waiting::{self, lock};
 
 /// Default bound on the memory the backend holds, when none is configured: wgpu cannot tell
 /// how much memory a device has, so the allocator needs a number to stop at.
@@ -267,25 +265,11 @@ impl WgpuContext {
     /// then nothing is returned here and the error goes to the device's uncaptured-error
     /// handler (the console).
     pub(crate) fn scoped<T>(&self, filter: wgpu::ErrorFilter, f: impl FnOnce() -> T) -> (T, Option<wgpu::Error>) {
-        let scope = self.device.push_error_scope(filter);
-        let value = f();
-        let error = poll_once(scope.pop()).flatten();
-        (value, error)
+        waiting::scoped(&self.device, filter, f)
     }
-}
 
-/// Polls a future once with a waker that does nothing: ready values on native wgpu, `None`
-/// where the answer needs an event loop.
-pub(crate) fn poll_once<F: Future>(future: F) -> Option<F::Output> {
-    let mut context = Context::from_waker(Waker::noop());
-    match pin!(future).poll(&mut context) {
-        Poll::Ready(value) => Some(value),
-        Poll::Pending => None,
+    /// The pipeline for `key`, compiled now if this is its first use.
+    pub(crate) fn kernel(&self, key: PipelineKey) -> Result<Arc<Kernel>, KernelError> {
+        self.pipelines.kernel(self.device(), self.config().runtime_checks, key)
     }
-}
-
-/// Locks a mutex, going on with the data if another thread panicked while holding it: every
-/// critical section here leaves the data consistent.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

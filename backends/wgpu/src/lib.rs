@@ -48,6 +48,7 @@ mod error;
 mod kernels;
 mod pipelines;
 mod readback;
+mod waiting;
 
 use std::sync::Arc;
 

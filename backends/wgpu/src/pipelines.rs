@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use cachalot_shaders::wgsl::{self, MatmulTile, Module};
 
-use crate::context::{WgpuContext, lock};
 use crate::error::KernelError;
+use crate::waiting::{lock, scoped};
 
 /// Which compute pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,29 +47,36 @@ pub(crate) struct Pipelines {
     kernels: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
 }
 
-impl WgpuContext {
-    /// The pipeline for `key`, compiled now if this is its first use.
-    pub(crate) fn kernel(&self, key: PipelineKey) -> Result<Arc<Kernel>, KernelError> {
-        if let Some(kernel) = lock(&self.pipelines.kernels).get(&key) {
+impl Pipelines {
+    /// The pipeline for `key` on `device`, compiled now if this is its first use; with
+    /// `runtime_checks`, its shader keeps naga's bounds checks (`WgpuConfig::runtime_checks`).
+    pub(crate) fn kernel(
+        &self,
+        device: &wgpu::Device,
+        runtime_checks: bool,
+        key: PipelineKey,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        if let Some(kernel) = lock(&self.kernels).get(&key) {
             return Ok(Arc::clone(kernel));
         }
-        let (kernel, error) = self.scoped(wgpu::ErrorFilter::Validation, || self.build_kernel(key));
+        let (kernel, error) =
+            scoped(device, wgpu::ErrorFilter::Validation, || self.build_kernel(device, runtime_checks, key));
         if let Some(error) = error {
             return Err(KernelError::Wgpu(format!("compiling {key:?}: {error}")));
         }
         tracing::debug!(?key, "compiled a cachalot kernel");
         let kernel = Arc::new(kernel);
-        lock(&self.pipelines.kernels).insert(key, Arc::clone(&kernel));
+        lock(&self.kernels).insert(key, Arc::clone(&kernel));
         Ok(kernel)
     }
 
-    fn build_kernel(&self, key: PipelineKey) -> Kernel {
-        let (bind_group_layout, pipeline_layout) = self.layout(key.storage_bindings());
+    fn build_kernel(&self, device: &wgpu::Device, runtime_checks: bool, key: PipelineKey) -> Kernel {
+        let (bind_group_layout, pipeline_layout) = self.layout(device, key.storage_bindings());
         let (module_key, entry) = match key {
             PipelineKey::Matmul { tile, .. } => (ModuleKey::Matmul(tile), "main"),
             PipelineKey::Entry { module, entry } => (ModuleKey::Common(module), entry),
         };
-        let module = self.module(module_key);
+        let module = self.module(device, runtime_checks, module_key);
         let constants: Vec<(&str, f64)> = match key {
             PipelineKey::Matmul { trans_a, trans_b, bias, vec, .. } => vec![
                 ("TRANS_A", f64::from(u8::from(trans_a))),
@@ -79,7 +86,7 @@ impl WgpuContext {
             ],
             PipelineKey::Entry { .. } => Vec::new(),
         };
-        let pipeline = self.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: Some(&pipeline_layout),
             module: &module,
@@ -95,8 +102,8 @@ impl WgpuContext {
     }
 
     /// The bind group layout of `storage` read_write storage buffers followed by one uniform.
-    fn layout(&self, storage: u32) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
-        let mut layouts = lock(&self.pipelines.layouts);
+    fn layout(&self, device: &wgpu::Device, storage: u32) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut layouts = lock(&self.layouts);
         let entry = layouts.entry(storage).or_insert_with(|| {
             let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..storage)
                 .map(|binding| wgpu::BindGroupLayoutEntry {
@@ -120,11 +127,11 @@ impl WgpuContext {
                 },
                 count: None,
             });
-            let bind_group_layout = self.device().create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("cachalot kernel"),
                 entries: &entries,
             });
-            let pipeline_layout = self.device().create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some("cachalot kernel"),
                 bind_group_layouts: &[Some(&bind_group_layout)],
                 immediate_size: 0,
@@ -134,8 +141,8 @@ impl WgpuContext {
         entry.clone()
     }
 
-    fn module(&self, key: ModuleKey) -> wgpu::ShaderModule {
-        let mut modules = lock(&self.pipelines.modules);
+    fn module(&self, device: &wgpu::Device, runtime_checks: bool, key: ModuleKey) -> wgpu::ShaderModule {
+        let mut modules = lock(&self.modules);
         modules
             .entry(key)
             .or_insert_with(|| {
@@ -147,17 +154,15 @@ impl WgpuContext {
                     label: Some("cachalot kernels"),
                     source: wgpu::ShaderSource::Wgsl(source.into()),
                 };
-                if self.config().runtime_checks {
-                    self.device().create_shader_module(descriptor)
+                if runtime_checks {
+                    device.create_shader_module(descriptor)
                 } else {
                     // SAFETY: every kernel in `cachalot-shaders` guards its storage accesses
                     // with explicit bounds tests, indexes workgroup and private arrays only
                     // with values below their constant lengths, and has loops bounded by
                     // uniform parameters; the runner checks every binding against the
                     // shape before dispatching. naga's checks would repeat those tests.
-                    unsafe {
-                        self.device().create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
-                    }
+                    unsafe { device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked()) }
                 }
             })
             .clone()

@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
-use crate::context::{WgpuContext, lock};
+use crate::context::WgpuContext;
 use crate::error::KernelError;
+use crate::waiting::lock;
 
 /// How long [`Readback::wait_bytes`] waits for a mapping's callback after the device is idle.
 #[cfg(not(target_arch = "wasm32"))]
