@@ -59,7 +59,10 @@ impl BenchTarget {
             },
             || {
                 let capacity = options.capacity.unwrap_or(SIM_CAPACITY);
-                let description = format!("simulator, capacity {capacity} bytes (the policy's cost alone)");
+                let description = format!(
+                    "simulator, capacity {} bytes (the policy's cost alone)",
+                    cachalot_core::error::group_digits(capacity)
+                );
                 Ok((BenchTarget::Sim { capacity }, description))
             },
         )

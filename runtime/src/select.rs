@@ -114,7 +114,11 @@ pub fn open(options: &DeviceOptions) -> Result<(Box<dyn Device>, Selection), Run
                 profile.name,
                 profile.discipline.describe(),
                 match profile.workspaces {
-                    Some(ws) => format!("cuBLAS workspace {} B + cuBLASLt {} B", ws.cublas, ws.cublaslt),
+                    Some(ws) => format!(
+                        "cuBLAS workspace {} B + cuBLASLt {} B",
+                        cachalot_core::error::group_digits(ws.cublas),
+                        cachalot_core::error::group_digits(ws.cublaslt)
+                    ),
                     None => "no workspaces".into(),
                 },
                 if options.compute { "on the CPU (the reference)" } else { "skipped (allocations only)" }
@@ -185,6 +189,9 @@ pub(crate) fn describe_wgpu(context: &cachalot_wgpu::WgpuContext, capacity: u64)
     };
     format!(
         "{} ({:?}, {:?}{software}; capacity {} bytes, configured)",
-        info.name, info.backend, info.device_type, capacity
+        info.name,
+        info.backend,
+        info.device_type,
+        cachalot_core::error::group_digits(capacity)
     )
 }

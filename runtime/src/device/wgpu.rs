@@ -113,10 +113,11 @@ impl DeviceInfo for WgpuDevice {
             return Vec::new();
         }
         vec![format!(
-            "{} mean(s) of tensors over max_storage_buffer_binding_size ({} bytes) were summed on the host: the \
-             WGSL set binds a reduction's input whole",
+            "{} mean(s) were computed on the CPU: their tensors are larger than the most this GPU lets one \
+             kernel read at once ({} bytes, wgpu's max_storage_buffer_binding_size), and the mean kernel \
+             reads its input whole; the result is the same, only slower",
             self.host_means,
-            self.binding_limit()
+            cachalot_core::error::group_digits(self.binding_limit())
         )]
     }
 

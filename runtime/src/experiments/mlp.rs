@@ -256,8 +256,14 @@ pub fn run(rt: &Runtime, params: &MlpParams) -> Result<Outcome, RuntimeError> {
     }
     drop(grads);
     if rt.computes() {
+        // Each step trains on a new random batch of another size, so one step's loss moves with
+        // its batch as much as with what the model learned: say so, and where guessing would be.
+        let chance = match params.loss {
+            Loss::CrossEntropy => format!("; guessing among {outputs} classes scores {:.6}", (outputs as f64).ln()),
+            Loss::Mse => String::new(),
+        };
         outcome.lines.push(format!(
-            "loss {:.6} -> {:.6} over {} steps",
+            "loss {:.6} -> {:.6} over {} steps (each step sees a new batch, so single steps go up and down{chance})",
             outcome.losses.first().copied().unwrap_or(f32::NAN),
             outcome.losses.last().copied().unwrap_or(f32::NAN),
             params.steps
