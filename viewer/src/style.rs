@@ -30,13 +30,13 @@ pub fn software_rendering(ctx: &egui::Context) -> bool {
     ctx.data(|d| d.get_temp::<bool>(software_rendering_id())).unwrap_or(false)
 }
 
-/// A panel's `frame`, without its fill when a software rasterizer draws the window. There, one
-/// pass over a 1400×900 window takes about 40 ms on two cores through wgpu on lavapipe (about
-/// 5 ms through OpenGL on llvmpipe, which the window uses there: `native::WindowRenderer`), and the
-/// panels' fills cover the whole window: without them an empty window draws at 150 frames/s
-/// instead of 17. The window is cleared to the same colour ([`eframe::App::clear_color`]), which
-/// costs nothing; what is lost is the fade at the edges of scroll areas, which takes its colour
-/// from the fill.
+/// A panel's `frame`, without its fill when a software rasterizer draws the window. There, every
+/// shaded pixel costs CPU time (a pass over the whole window is a large share of a frame, even
+/// through OpenGL, which the window uses there: `native::WindowRenderer`), and the panels' fills
+/// cover the whole window, so leaving them out multiplies the frame rate of an empty window
+/// (BENCHMARKS.md, section 5, "Earlier the same day: fewer shaded pixels"). The window is cleared to
+/// the same colour ([`eframe::App::clear_color`]), which costs nothing; what is lost is the fade
+/// at the edges of scroll areas, which takes its colour from the fill.
 pub fn panel_frame(ui: &egui::Ui, frame: egui::Frame) -> egui::Frame {
     if software_rendering(ui.ctx()) { frame.fill(egui::Color32::TRANSPARENT) } else { frame }
 }

@@ -2,12 +2,10 @@
 //!
 //! wgpu where there is a GPU. Where wgpu finds only a software rasterizer (Mesa's lavapipe on
 //! a machine without a GPU), OpenGL through eframe's glow renderer instead, which Mesa runs on
-//! llvmpipe. Measured on the 2-core development machine (BENCHMARKS.md, section 5): a frame of
-//! one and a half window-sized fills runs at 14.5 frames/s through egui-wgpu on lavapipe and at
-//! 74 through egui_glow on llvmpipe, and the cursor drag on the reference traces goes from
-//! 21–39 frames/s to 62–144. The cost is egui-wgpu's fragment shader as Mesa runs it, not
-//! Vulkan: egui-wgpu on llvmpipe's OpenGL (`WGPU_BACKEND=gl`) is as slow; egui_glow's shader is
-//! a texture sample and a multiply.
+//! llvmpipe, which draws the same frames several times faster (the figures are in BENCHMARKS.md,
+//! section 5, "The window on a machine without a GPU"). The cost is egui-wgpu's fragment shader as
+//! Mesa runs it, not Vulkan: egui-wgpu on llvmpipe's OpenGL (`WGPU_BACKEND=gl`) is as slow;
+//! egui_glow's shader is a texture sample and a multiply.
 
 use std::fmt;
 use std::str::FromStr;
