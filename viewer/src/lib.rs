@@ -11,7 +11,8 @@
 //! - the panels of one run, each a module with a `ui` function: [`timeline`], [`segments`],
 //!   [`pools`], [`stats`], [`events`]; and [`notices`], the messages at the bottom;
 //! - [`tabs`]: the open runs ([`tabs::RunTab`]), the panel shown ([`View`]) and the tab bar;
-//! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab);
+//! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab), and natively
+//!   `reasons`: why they differ, from `cachalot compare`'s analysis;
 //! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
@@ -32,6 +33,8 @@ mod loading;
 pub mod model;
 pub mod notices;
 pub mod pools;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod reasons;
 pub mod segments;
 pub mod side_by_side;
 pub mod stats;

@@ -20,7 +20,7 @@ pub enum Link {
 }
 
 /// What the side-by-side panel remembers.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SideBySideState {
     /// Index of the first run.
     pub a: usize,
@@ -32,6 +32,9 @@ pub struct SideBySideState {
     pub only_differences: bool,
     /// The two segment maps.
     pub maps: [SegmentMapState; 2],
+    /// Why the two runs differ (`cachalot compare`'s analysis), natively.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub reasons: crate::reasons::ReasonsState,
 }
 
 impl Default for SideBySideState {
@@ -42,6 +45,8 @@ impl Default for SideBySideState {
             link: Link::Entry,
             only_differences: true,
             maps: [SegmentMapState::default(), SegmentMapState::default()],
+            #[cfg(not(target_arch = "wasm32"))]
+            reasons: crate::reasons::ReasonsState::default(),
         }
     }
 }
@@ -94,6 +99,8 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
         state.b = (state.a + 1) % tabs.len();
     }
     let (a, b) = (state.a, state.b);
+    #[cfg(not(target_arch = "wasm32"))]
+    crate::reasons::ui(ui, &tabs[a].run, &tabs[b].run, &mut state.reasons);
     let (end_a, end_b) = (tabs[a].run.end(), tabs[b].run.end());
     let mut cursor = tabs[a].cursor.min(end_a);
 

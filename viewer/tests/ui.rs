@@ -293,3 +293,34 @@ fn panels_skip_their_fill_on_a_software_rasterizer() {
         harness.get_by_label("allocated_bytes.all");
     }
 }
+
+/// The Compare tab says why two runs differ, as `cachalot compare` does: `seeds` simulated with
+/// PyTorch's CUDA workspaces and with wgpu's queue discipline (no workspaces) differ by the
+/// workspaces, which the rerun confirms.
+#[test]
+fn the_compare_tab_explains_why_two_runs_differ() {
+    use cachalot_core::AllocatorConfig;
+    use cachalot_runtime::{Experiment, Selection, SimDevice, SimProfile, execute_on};
+    use cachalot_viewer::load::{Progress, snapshot_run};
+    use cachalot_viewer::model::RunKind;
+
+    let run = |profile: SimProfile, name: &str| {
+        let device = Box::new(SimDevice::new(profile, AllocatorConfig::default(), false).unwrap());
+        let selection = Selection { backend: cachalot_runtime::BackendKind::Sim, lines: Vec::new() };
+        let result = execute_on(&Experiment::Seeds, device, selection);
+        snapshot_run(name, result.snapshot, RunKind::Cachalot, &Progress::default())
+    };
+    let runs = vec![run(SimProfile::cuda_sm90(), "seeds.cuda.json"), run(SimProfile::wgpu(), "seeds.wgpu.json")];
+    let mut harness = harness(app_with(runs, View::SideBySide), SIZE, 1.0, true);
+    harness.run_steps(2);
+    harness.get_by_label("Why they differ").click();
+    harness.run_steps(2);
+    harness.get_by_label("explain").click();
+    harness.run_steps(1);
+    harness.state_mut().side_by_side.reasons.wait();
+    harness.run_steps(2);
+    harness.get_by_label_contains("✔ every difference has a known reason");
+    harness.get_by_label_contains("✔ a reason: cuBLAS/cuBLASLt workspaces");
+    harness.snapshot("compare_reasons");
+    harness.get_by_label_contains("linear_output: allocated −33.0 MiB");
+}
