@@ -46,7 +46,7 @@ use rayon::prelude::*;
 use crate::replay::{ReplayError, ReplayOom, ReplayOptions, replay};
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
-use cachalot_core::size::{MIB, ROUNDUP_INTERVALS, allocation_size};
+use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
 use cachalot_core::trace::TraceAction;
 
 /// How many values of each key the combination pass takes from the first pass.
@@ -321,12 +321,13 @@ impl SearchSpace {
                     .collect()
             })
             .unwrap_or_default();
-        let largest = requests.iter().copied().max().unwrap_or(0);
+        // PyTorch refuses requests from MAX_REQUEST on at once, so no segment is larger.
+        let largest = requests.iter().copied().max().unwrap_or(0).clamp(1, MAX_REQUEST);
         let large_segment = options.config.large_segment_size();
         SearchSpace {
             kept: unsearched_entries(options.config.settings()),
             min_max_split_mb: large_segment / MIB,
-            largest_segment: allocation_size(largest.max(1).next_power_of_two(), large_segment),
+            largest_segment: allocation_size(largest.next_power_of_two(), large_segment),
             intervals: requests.iter().map(|&size| roundup_interval(size)).collect(),
             device_total: options.device_total,
             own_fraction: options.memory_fraction.is_some(),
