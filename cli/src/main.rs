@@ -8,6 +8,7 @@ mod replay;
 mod report;
 mod run;
 mod serve;
+mod tune;
 mod view;
 
 use std::process::ExitCode;
@@ -50,6 +51,8 @@ enum Command {
     },
     /// Replay PyTorch traces on the simulator; --check compares with what PyTorch recorded.
     Replay(replay::ReplayArgs),
+    /// Find the PYTORCH_CUDA_ALLOC_CONF a PyTorch trace needs: replays it under candidate settings, ranked
+    Tune(tune::TuneArgs),
     /// Run an experiment on CUDA, wgpu or the simulator: marks, memory_summary() and a snapshot.
     Run(run::RunArgs),
     /// Time op files (shared/bench) on CUDA, wgpu or the simulator, in torch_alloc_bench.py's shape.
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Summary { source, abbreviated, device } => report::summary(source, *abbreviated, *device),
         Command::Stats { source, json } => report::stats(source, *json),
         Command::Replay(args) => replay::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),

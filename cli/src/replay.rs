@@ -124,7 +124,8 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
     }
 }
 
-fn trace_name(path: &Path) -> String {
+/// A trace's name: its file name without `.pickle`.
+pub fn trace_name(path: &Path) -> String {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     name.strip_suffix(".pickle").unwrap_or(&name).to_owned()
 }

@@ -3,24 +3,12 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn cachalot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cachalot")).args(args).output().unwrap()
-}
-
-fn traces() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
-}
-
-fn trace(name: &str) -> String {
-    traces().join(format!("{name}.pickle")).display().to_string()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{cachalot, text, trace, traces};
 
 #[test]
 fn replay_check_matches_every_reference_trace() {

@@ -18,6 +18,8 @@
 //! - [`rebuild`]: the segments, blocks and `memory_stats()` a recorded trace describes, rebuilt
 //!   entry by entry (and backwards from the end state where the trace lost its start) without
 //!   running the allocator: what the viewer shows at every point of a recording.
+//! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
+//!   trace under candidate settings in parallel (`cachalot tune`).
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
@@ -37,5 +39,6 @@ pub mod ops;
 pub mod rebuild;
 pub mod replay;
 pub mod snapshot;
+pub mod tune;
 
 pub use snapshot::Snapshot;

@@ -1,0 +1,242 @@
+//! `cachalot tune TRACE... [--device-total BYTES] [--objective O] [--json] [--top N]`: which
+//! `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs. The search and its replays are
+//! `cachalot_trace::tune`; this module reads the traces and prints a table per trace.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use cachalot_core::error::{format_size, group_digits};
+use cachalot_trace::replay::{ReplayOom, ReplayOptions};
+use cachalot_trace::tune::{Candidate, Objective, Tuning, tune};
+
+use crate::failure::{Failure, Outcome};
+use crate::input::{Input, load};
+use crate::replay::trace_name;
+use crate::report::expected_beside;
+use crate::run::parse_bytes;
+
+/// Arguments of `cachalot tune`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TuneArgs {
+    /// PyTorch snapshot pickles with a recorded trace (`_dump_snapshot`); NAME.expected.json
+    /// beside one gives its settings, memory fraction and device.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Replay on a device of this size (bytes or a KiB/MiB/GiB suffix) and say whether the job
+    /// fits there (default: the trace's device, else an H200's).
+    #[arg(long, value_parser = parse_bytes)]
+    pub device_total: Option<u64>,
+    /// What the ranking minimises first: peak-reserved (then OOMs), ooms (then peak reserved)
+    /// or device-calls (cudaMalloc plus cudaFree, then peak reserved). A setting that runs out
+    /// of memory where the recorded run did not always ranks below one that does not.
+    #[arg(long, default_value = "peak-reserved", value_parser = parse_objective)]
+    pub objective: Objective,
+    /// As JSON: one object per trace (candidates, baseline, winner), an array for several.
+    #[arg(long)]
+    pub json: bool,
+    /// Rows of the ranking shown.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub top: u64,
+}
+
+fn parse_objective(text: &str) -> Result<Objective, String> {
+    Objective::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = Objective::ALL.iter().map(|o| o.name()).collect();
+        format!("'{text}' is not an objective ({})", names.join(", "))
+    })
+}
+
+/// Runs the command: a table (or a JSON object) per trace; exit status 2 on bad input.
+pub fn run(args: &TuneArgs) -> Outcome {
+    if args.device_total == Some(0) {
+        return Err(Failure::input(anyhow!("--device-total must be more than 0 bytes")));
+    }
+    let mut objects = Vec::new();
+    for (n, path) in args.traces.iter().enumerate() {
+        let started = Instant::now();
+        let tuning = tune_file(args, path)?;
+        let seconds = started.elapsed().as_secs_f64();
+        if args.json {
+            objects.push(json(args, path, &tuning));
+        } else {
+            if n > 0 {
+                println!();
+            }
+            print_table(args, path, &tuning, seconds);
+        }
+    }
+    if args.json {
+        let value = if objects.len() == 1 { objects.remove(0) } else { serde_json::Value::Array(objects) };
+        println!("{}", serde_json::to_string_pretty(&value).context("tune as JSON")?);
+    }
+    Ok(())
+}
+
+/// Reads a trace and runs the search on it.
+fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
+    let Input::Torch(snapshot) = load(path)? else {
+        return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
+    };
+    let expected = expected_beside(path)?;
+    let mut options = ReplayOptions::for_snapshot(&snapshot, expected.as_ref())
+        .with_context(|| format!("{}: allocator settings", path.display()))?;
+    if let Some(total) = args.device_total {
+        options.device_total = total;
+    }
+    tune(&snapshot, &options, args.objective).map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))
+}
+
+/// A setting as the table shows it: the empty one is PyTorch's defaults.
+fn shown(settings: &str) -> &str {
+    if settings.is_empty() { "(PyTorch's defaults)" } else { settings }
+}
+
+/// The line that sets `settings` in a shell.
+fn paste_line(settings: &str) -> String {
+    if settings.is_empty() {
+        "unset PYTORCH_CUDA_ALLOC_CONF".to_owned()
+    } else {
+        format!("PYTORCH_CUDA_ALLOC_CONF={settings}")
+    }
+}
+
+fn first_oom_entry(oom: Option<&ReplayOom>) -> String {
+    oom.map_or("-".to_owned(), |o| o.index.to_string())
+}
+
+/// The ranking's top rows and, where it is below them, the trace's own settings, each with its
+/// rank; then the winning line and, with `--device-total`, whether the job fits.
+fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
+    let baseline_rank = tuning.baseline_rank();
+    let top = usize::try_from(args.top).unwrap_or(usize::MAX);
+    let mut rows: Vec<(usize, &Candidate)> =
+        tuning.ranked.iter().take(top).enumerate().map(|(i, c)| (i + 1, c)).collect();
+    if baseline_rank > rows.len() {
+        rows.push((baseline_rank, &tuning.baseline));
+    }
+    let label = |rank: usize, c: &Candidate| {
+        let own = if rank == baseline_rank { "  <- the trace's own" } else { "" };
+        format!("{}{own}", shown(&c.settings))
+    };
+    let width = rows.iter().map(|&(rank, c)| label(rank, c).len()).max().unwrap_or(0);
+    println!(
+        "{}: {} candidates replayed in {seconds:.2} s on a device of {} B ({}), ranked by {}",
+        trace_name(path),
+        tuning.ranked.len(),
+        group_digits(tuning.device_total),
+        format_size(tuning.device_total),
+        tuning.objective.name()
+    );
+    println!(
+        "{:>5}  {:>15}  {:>9}  {:>5}  {:>9}  {:>13}  {:>12}  {:<width$}  allocator time",
+        "rank", "peak reserved", "reserved/", "OOMs", "first OOM", "device allocs", "device frees", "setting"
+    );
+    println!("{:>5}  {:>15}  {:>9}  {:>5}  {:>9}", "", "(bytes)", "allocated", "", "(entry)");
+    for (rank, c) in rows {
+        println!(
+            "{rank:>5}  {:>15}  {:>9.2}  {:>5}  {:>9}  {:>13}  {:>12}  {:<width$}  {:.4} s",
+            group_digits(c.peak_reserved),
+            c.reserved_per_allocated(),
+            c.ooms,
+            first_oom_entry(c.first_oom.as_ref()),
+            c.device_allocs,
+            c.device_frees,
+            label(rank, c),
+            c.allocator_seconds
+        );
+    }
+    println!();
+    print_winner(tuning);
+    if args.device_total.is_some() || !tuning.winner().fits() {
+        print_fit(tuning);
+    }
+}
+
+/// The line to paste and what it saves against the trace's own settings.
+fn print_winner(tuning: &Tuning) {
+    let (winner, baseline) = (tuning.winner(), &tuning.baseline);
+    if tuning.baseline_rank() == 1 {
+        println!(
+            "the trace's own settings are already the best of {} candidates: {}",
+            tuning.ranked.len(),
+            paste_line(&baseline.settings)
+        );
+        return;
+    }
+    println!("{}", paste_line(&winner.settings));
+    let (saving, percent) = saving(baseline.peak_reserved, winner.peak_reserved);
+    println!(
+        "  peak reserved {} B instead of {} B: {} {} B ({percent:.1}%) against the trace's own settings",
+        group_digits(winner.peak_reserved),
+        group_digits(baseline.peak_reserved),
+        if saving >= 0 { "saves" } else { "costs" },
+        group_digits(saving.unsigned_abs()),
+    );
+    if winner.ooms != baseline.ooms {
+        println!("  OOMs: {} instead of {}", winner.ooms, baseline.ooms);
+    }
+    if winner.device_calls() != baseline.device_calls() {
+        println!("  device allocations and frees: {} instead of {}", winner.device_calls(), baseline.device_calls());
+    }
+}
+
+/// Bytes saved (negative: added) going from `before` to `after`, and that in percent of `before`.
+fn saving(before: u64, after: u64) -> (i64, f64) {
+    let saved = i64::try_from(before).unwrap_or(i64::MAX) - i64::try_from(after).unwrap_or(i64::MAX);
+    (saved, if before == 0 { 0.0 } else { saved as f64 * 100.0 / before as f64 })
+}
+
+/// Whether the job runs through on the device, and where it stops where it does not.
+fn print_fit(tuning: &Tuning) {
+    let device = format!("{} B ({})", group_digits(tuning.device_total), format_size(tuning.device_total));
+    let stop = |who: &str, c: &Candidate| match &c.first_new_oom {
+        Some(oom) => println!("  {who}: first OOM at entry {}: {}", oom.index, oom.message),
+        None => println!("  {who}: no OOM"),
+    };
+    match tuning.best_fitting() {
+        Some(best) => {
+            println!(
+                "fits on a device of {device}: with {} it replays without an OOM the recorded run did not have (peak reserved {} B)",
+                paste_line(&best.settings),
+                group_digits(best.peak_reserved)
+            );
+            if !tuning.baseline.fits() {
+                stop("the trace's own settings do not", &tuning.baseline);
+            }
+        }
+        None => {
+            println!("does not fit on a device of {device}: every candidate runs out of memory");
+            stop("the trace's own settings", &tuning.baseline);
+            stop(&format!("the best candidate ({})", shown(&tuning.winner().settings)), tuning.winner());
+        }
+    }
+}
+
+/// What the table says, for scripts.
+fn json(args: &TuneArgs, path: &Path, tuning: &Tuning) -> serde_json::Value {
+    let top = usize::try_from(args.top).unwrap_or(usize::MAX);
+    let candidate = |c: &Candidate, rank: usize| {
+        let mut value = serde_json::to_value(c).unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.insert("rank".into(), rank.into());
+            object.insert("reserved_per_allocated".into(), c.reserved_per_allocated().into());
+            object.insert("fits".into(), c.fits().into());
+        }
+        value
+    };
+    let winner = tuning.winner();
+    let (saving, percent) = saving(tuning.baseline.peak_reserved, winner.peak_reserved);
+    serde_json::json!({
+        "trace": path.display().to_string(),
+        "objective": tuning.objective.name(),
+        "device_total": tuning.device_total,
+        "candidates": tuning.ranked.len(),
+        "ranked": tuning.ranked.iter().take(top).enumerate().map(|(i, c)| candidate(c, i + 1)).collect::<Vec<_>>(),
+        "baseline": candidate(&tuning.baseline, tuning.baseline_rank()),
+        "winner": candidate(winner, 1),
+        "winner_line": paste_line(&winner.settings),
+        "peak_reserved_saving": { "bytes": saving, "percent": percent },
+        "best_fitting": tuning.best_fitting().map(|c| c.settings.clone()),
+    })
+}

@@ -1,0 +1,112 @@
+//! `cachalot tune`: its prediction is the exact replay, so the winner's peak is what `cachalot
+//! stats` reports for the same setting, to the byte; with a small device it says where the job
+//! stops.
+
+#![allow(clippy::unwrap_used, reason = "test")]
+
+mod common;
+
+use common::{cachalot, text, trace};
+use serde_json::Value;
+
+/// `cachalot tune --json ARGS...`, which must succeed.
+fn tune_json(args: &[&str]) -> Value {
+    let out = cachalot(&[&["tune", "--json"], args].concat());
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `reserved_bytes.all.peak` and `num_ooms` of `cachalot stats TRACE --json ARGS...`.
+fn stats_peak_and_ooms(trace: &str, args: &[&str]) -> (u64, u64) {
+    let out = cachalot(&[&["stats", trace, "--json"], args].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (stats["reserved_bytes.all.peak"].as_u64().unwrap(), stats["num_ooms"].as_u64().unwrap())
+}
+
+#[test]
+fn the_winner_is_what_stats_reports_for_its_setting() {
+    let convnet = trace("convnet_train");
+    let tuning = tune_json(&[&convnet]);
+    let (winner, baseline) = (&tuning["winner"], &tuning["baseline"]);
+    let settings = winner["settings"].as_str().unwrap();
+    assert!(!settings.is_empty(), "the defaults are not the best for convnet_train: {tuning}");
+    assert_eq!(tuning["winner_line"], format!("PYTORCH_CUDA_ALLOC_CONF={settings}"));
+
+    let (peak, ooms) = stats_peak_and_ooms(&convnet, &["--config", settings]);
+    assert_eq!(winner["peak_reserved"].as_u64(), Some(peak), "tune and stats disagree on {settings}");
+    assert_eq!(winner["ooms"].as_u64(), Some(ooms));
+    let (own_peak, _) = stats_peak_and_ooms(&convnet, &[]);
+    assert_eq!(baseline["peak_reserved"].as_u64(), Some(own_peak));
+    assert_eq!(baseline["settings"], "", "convnet_train ran with PyTorch's defaults");
+
+    assert!(peak <= own_peak, "the winner ({peak}) is worse than the trace's own settings ({own_peak})");
+    assert_eq!(winner["rank"], 1);
+    assert!(tuning["candidates"].as_u64().unwrap() >= 100, "{}", tuning["candidates"]);
+    assert_eq!(tuning["ranked"].as_array().unwrap().len(), 10, "--top defaults to 10");
+}
+
+#[test]
+fn a_small_device_says_where_the_trace_s_own_settings_run_out() {
+    let convnet = trace("convnet_train");
+    // 190 MiB: PyTorch's defaults run out of memory there; other settings do not.
+    let tuning = tune_json(&["--device-total", "190MiB", &convnet]);
+    assert_eq!(tuning["device_total"], 190u64 << 20);
+    let baseline = &tuning["baseline"];
+    assert_eq!(baseline["fits"], false, "{baseline}");
+    let first = &baseline["first_new_oom"];
+    let message = first["message"].as_str().unwrap();
+    assert!(message.starts_with("CUDA out of memory."), "{message}");
+    let best = tuning["best_fitting"].as_str().unwrap();
+    assert_eq!(tuning["winner"]["settings"], best);
+    assert_eq!(tuning["winner"]["new_ooms"], 0);
+
+    // The same replays as stats makes on that device.
+    let device = (190u64 << 20).to_string();
+    assert_eq!(stats_peak_and_ooms(&convnet, &["--device-total", &device]).1, baseline["ooms"].as_u64().unwrap());
+    assert_eq!(stats_peak_and_ooms(&convnet, &["--device-total", &device, "--config", best]).1, 0);
+
+    let out = cachalot(&["tune", "--device-total", "190MiB", "--top", "3", &convnet]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout
+            .contains(&format!("fits on a device of 199,229,440 B (190.00 MiB): with PYTORCH_CUDA_ALLOC_CONF={best}"))
+    );
+    let entry = first["index"].as_u64().unwrap();
+    assert!(
+        stdout.contains(&format!("  the trace's own settings do not: first OOM at entry {entry}: {message}\n")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_device_nothing_fits_on_names_both_first_ooms() {
+    let out = cachalot(&["tune", "--device-total", "150MiB", "--top", "1", &trace("convnet_train")]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("does not fit on a device of 157,286,400 B (150.00 MiB): every candidate runs out of memory\n")
+    );
+    assert!(stdout.contains("  the trace's own settings: first OOM at entry "), "{stdout}");
+    assert!(stdout.contains("  the best candidate ("), "{stdout}");
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let not_a_pickle = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/small.ops");
+    let out = cachalot(&["tune", not_a_pickle]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("small.ops: not a PyTorch snapshot pickle"), "{}", text(&out.stderr));
+    for args in [
+        ["tune", "--objective", "speed", "x.pickle"],
+        ["tune", "--device-total", "lots", "x.pickle"],
+        ["tune", "--top", "0", "x.pickle"],
+        ["tune", "--device-total", "0", "x.pickle"],
+    ] {
+        let out = cachalot(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+    }
+    let out = cachalot(&["tune", "no-such-trace.pickle"]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,688 @@
+//! Which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs (`cachalot tune`): the trace is replayed
+//! under candidate settings, each exactly (the replay of a PyTorch trace is byte-exact, so a
+//! candidate's peak is the peak PyTorch would reach with that setting), and the candidates are
+//! ranked by an [`Objective`].
+//!
+//! # How the search is organised
+//!
+//! The keys searched are those of PyTorch 2.11 that change where memory goes:
+//! `expandable_segments`, `max_split_size_mb`, `roundup_power2_divisions` (single values and
+//! per-interval `[MB:N,>:N]` tables), `garbage_collection_threshold` and
+//! `per_process_memory_fraction`. Other keys of the trace's own settings are kept in every
+//! candidate, so the winning line can replace the job's setting as it is. Trying every
+//! combination of every value would be tens of thousands of replays, so the search runs in
+//! two passes, each replayed in parallel on every core (candidates are independent replays):
+//!
+//! 1. **Each key alone**, on top of the kept keys: every value of the key's grid. The fraction
+//!    and the collection threshold are one dimension, because the threshold only acts below a
+//!    fraction of 1: without a fraction of the job's own, a threshold is tried with each
+//!    fraction of the grid, never alone.
+//! 2. **Combinations** of the best values per key: the best [`BEST_PER_KEY`] values of each
+//!    dimension in the first pass (values with the same outcome count once), and the key unset,
+//!    in every combination of at least two keys.
+//!
+//! Values that cannot change the replay are not tried (pruning):
+//! - a `max_split_size_mb` above the largest segment any request of the trace can need (its
+//!   rounding with two divisions at most doubles it): no block of an ordinary segment is ever
+//!   that large, so no block would be oversize;
+//! - a `roundup_power2_divisions` table that rounds every request of the trace like another
+//!   candidate's table or like the default (the tables agree on every size interval the trace
+//!   has requests in, 0 and 1 both meaning plain rounding);
+//! - `expandable_segments:False`, the default;
+//! - a fraction whose allowance is at least the trace's own peak reserved (a cap that is never
+//!   reached), and any fraction when the job sets its own with
+//!   `torch.cuda.set_per_process_memory_fraction`, which overrides the configured one.
+//!
+//! A candidate whose replay runs out of memory where PyTorch's run did not ("new OOMs") always
+//! ranks below every candidate without: a setting that makes the job fail is never an
+//! improvement, whatever its peak.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::replay::{ReplayError, ReplayOom, ReplayOptions, replay};
+use crate::snapshot::torch::TorchSnapshot;
+use cachalot_core::config::{AllocatorConfig, ConfigError};
+use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
+use cachalot_core::trace::TraceAction;
+
+/// How many values of each key the combination pass takes from the first pass.
+pub const BEST_PER_KEY: usize = 3;
+
+/// `max_split_size_mb` values tried (those below the minimum `large_segment_size_mb` allows and
+/// above the trace's largest segment are left out): steps of about 1.5×.
+const MAX_SPLIT_GRID_MB: [u64; 17] =
+    [20, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192];
+
+/// `roundup_power2_divisions` values tried, as single values and on each side of a per-interval
+/// table (1 is plain rounding, allowed in a table only).
+const SINGLE_DIVISIONS: [u64; 5] = [2, 4, 8, 16, 32];
+const TABLE_DIVISIONS: [u64; 5] = [1, 2, 4, 8, 16];
+
+/// Where a fraction's allowance is put between the trace's own peak allocated (0) and peak
+/// reserved (1).
+const FRACTION_STEPS: [f64; 4] = [0.125, 0.25, 0.5, 0.75];
+
+/// `garbage_collection_threshold` values tried.
+const GC_THRESHOLDS: [&str; 5] = ["0.5", "0.6", "0.7", "0.8", "0.9"];
+
+/// The keys the search sets; every other key of the trace's settings is kept as it is.
+const SEARCHED_KEYS: [&str; 5] = [
+    "expandable_segments",
+    "max_split_size_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "per_process_memory_fraction",
+];
+
+/// What the ranking minimises first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    /// The peak of reserved memory (`max_memory_reserved()`), then fewer OOMs.
+    PeakReserved,
+    /// The number of OOM errors, then the peak reserved.
+    Ooms,
+    /// Device allocations plus frees (`cudaMalloc` / `cudaFree` calls), then the peak reserved.
+    DeviceCalls,
+}
+
+impl Objective {
+    /// Every objective, in the order the help lists them.
+    pub const ALL: [Objective; 3] = [Objective::PeakReserved, Objective::Ooms, Objective::DeviceCalls];
+
+    /// The name on the command line (`peak-reserved`, `ooms`, `device-calls`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::PeakReserved => "peak-reserved",
+            Objective::Ooms => "ooms",
+            Objective::DeviceCalls => "device-calls",
+        }
+    }
+
+    /// The objective called `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.name() == name)
+    }
+}
+
+/// What the replay of one candidate setting measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Candidate {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value.
+    pub settings: String,
+    /// `max_memory_reserved()` at the end of the replay.
+    pub peak_reserved: u64,
+    /// `max_memory_allocated()` at the end of the replay.
+    pub peak_allocated: u64,
+    /// Every OOM error the replay raised.
+    pub ooms: usize,
+    /// OOM errors where PyTorch's run served the request.
+    pub new_ooms: usize,
+    /// The first OOM error, if any.
+    pub first_oom: Option<ReplayOom>,
+    /// The first OOM error where PyTorch's run served the request, if any.
+    pub first_new_oom: Option<ReplayOom>,
+    /// `num_device_alloc` of `memory_stats()`.
+    pub device_allocs: u64,
+    /// `num_device_free` of `memory_stats()`.
+    pub device_frees: u64,
+    /// Seconds the replay took (the allocator's work plus the replay's bookkeeping).
+    pub allocator_seconds: f64,
+}
+
+impl Candidate {
+    /// Peak reserved over peak allocated: 1 is no waste at the worst moment.
+    pub fn reserved_per_allocated(&self) -> f64 {
+        self.peak_reserved as f64 / self.peak_allocated.max(1) as f64
+    }
+
+    /// Device allocations plus frees.
+    pub fn device_calls(&self) -> u64 {
+        self.device_allocs + self.device_frees
+    }
+
+    /// Whether the job runs through: no OOM where PyTorch's run had none.
+    pub fn fits(&self) -> bool {
+        self.new_ooms == 0
+    }
+
+    /// Smaller is better. New OOMs come first, so that a candidate with any ranks below all
+    /// without; among those with, fewer and later is better.
+    fn rank_key(&self, objective: Objective) -> (usize, Reverse<usize>, u64, u64, u64) {
+        let failing = (self.new_ooms, Reverse(self.first_new_oom.as_ref().map_or(usize::MAX, |o| o.index)));
+        let (peak, ooms, calls) = (self.peak_reserved, self.ooms as u64, self.device_calls());
+        let measured = match objective {
+            Objective::PeakReserved => (peak, ooms, calls),
+            Objective::Ooms => (ooms, peak, calls),
+            Objective::DeviceCalls => (calls, peak, ooms),
+        };
+        (failing.0, failing.1, measured.0, measured.1, measured.2)
+    }
+}
+
+/// The result of a search.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Tuning {
+    /// What the ranking minimised.
+    pub objective: Objective,
+    /// Total memory of the device replayed on.
+    pub device_total: u64,
+    /// The trace's own settings, replayed as they are.
+    pub baseline: Candidate,
+    /// Every candidate, the baseline included, best first; ties keep the order of the search
+    /// (the baseline first).
+    pub ranked: Vec<Candidate>,
+}
+
+impl Tuning {
+    /// The best candidate.
+    pub fn winner(&self) -> &Candidate {
+        self.ranked.first().unwrap_or(&self.baseline)
+    }
+
+    /// The 1-based rank of the trace's own settings.
+    pub fn baseline_rank(&self) -> usize {
+        self.ranked.iter().position(|c| c.settings == self.baseline.settings).map_or(self.ranked.len(), |i| i + 1)
+    }
+
+    /// The best candidate that runs through (no OOM where PyTorch's run had none), if any.
+    pub fn best_fitting(&self) -> Option<&Candidate> {
+        self.ranked.iter().find(|c| c.fits())
+    }
+}
+
+/// A search that could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    /// The trace's replay failed.
+    #[error("{settings:?}: {error}")]
+    Replay {
+        /// The candidate setting.
+        settings: String,
+        /// Why.
+        error: ReplayError,
+    },
+    /// A candidate setting did not parse: a bug of the search, named so it can be reported.
+    #[error("the search made a setting that does not parse, {settings:?}: {error}")]
+    Candidate {
+        /// The setting.
+        settings: String,
+        /// Why it does not parse.
+        error: ConfigError,
+    },
+}
+
+/// Replays `snapshot` under its own settings (`options`) and under the candidates of the search,
+/// and ranks them by `objective`. `options.device_total` is the device replayed on.
+pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Objective) -> Result<Tuning, TuneError> {
+    let space = SearchSpace::of(snapshot, options);
+    let baseline = measure(snapshot, options, options.config.settings())?;
+    let mut tried: BTreeSet<String> = BTreeSet::from([baseline.settings.clone()]);
+    let mut ranked = vec![baseline.clone()];
+
+    let singles: Vec<Choice> = space.single_key_choices(&baseline);
+    let single_results = measure_all(snapshot, options, &space, &singles, &mut tried)?;
+    let combinations = space.combinations(&singles, &single_results, objective);
+    let combination_results = measure_all(snapshot, options, &space, &combinations, &mut tried)?;
+
+    ranked.extend(single_results.into_iter().flatten());
+    ranked.extend(combination_results.into_iter().flatten());
+    rank(&mut ranked, objective);
+    Ok(Tuning { objective, device_total: options.device_total, baseline, ranked })
+}
+
+/// Sorts best first; the sort is stable, so ties keep the search's order.
+pub fn rank(candidates: &mut [Candidate], objective: Objective) {
+    candidates.sort_by_key(|c| c.rank_key(objective));
+}
+
+/// Replays the choices not tried yet, in parallel; `None` for those tried before.
+fn measure_all(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    space: &SearchSpace,
+    choices: &[Choice],
+    tried: &mut BTreeSet<String>,
+) -> Result<Vec<Option<Candidate>>, TuneError> {
+    let settings: Vec<Option<String>> =
+        choices.iter().map(|c| space.settings(c)).map(|s| tried.insert(s.clone()).then_some(s)).collect();
+    settings.par_iter().map(|s| s.as_deref().map(|s| measure(snapshot, options, s)).transpose()).collect()
+}
+
+/// Replays the trace under `settings`.
+fn measure(snapshot: &TorchSnapshot, options: &ReplayOptions, settings: &str) -> Result<Candidate, TuneError> {
+    let config = AllocatorConfig::parse(settings)
+        .map_err(|error| TuneError::Candidate { settings: settings.to_owned(), error })?;
+    let options = ReplayOptions { config, ..options.clone() };
+    let started = Instant::now();
+    let outcome = replay(snapshot, &options, |_, _| {})
+        .map_err(|error| TuneError::Replay { settings: settings.to_owned(), error })?;
+    let allocator_seconds = started.elapsed().as_secs_f64();
+    let stats = outcome.allocator.stats();
+    Ok(Candidate {
+        settings: settings.to_owned(),
+        peak_reserved: stats.max_memory_reserved(),
+        peak_allocated: stats.max_memory_allocated(),
+        ooms: outcome.ooms.len(),
+        new_ooms: outcome.ooms.iter().filter(|o| !o.recorded).count(),
+        first_oom: outcome.ooms.first().cloned(),
+        first_new_oom: outcome.ooms.iter().find(|o| !o.recorded).cloned(),
+        device_allocs: stats.num_device_alloc,
+        device_frees: stats.num_device_free,
+        allocator_seconds,
+    })
+}
+
+/// The dimensions of the search, in the order their keys are written.
+const DIMENSIONS: usize = 4;
+const EXPANDABLE: usize = 0;
+const MAX_SPLIT: usize = 1;
+const ROUNDUP: usize = 2;
+/// `per_process_memory_fraction` and `garbage_collection_threshold`, which acts only with it.
+const FRACTION: usize = 3;
+
+/// One value of a dimension: its `key:value` entries (empty: the key unset).
+type Value = Vec<String>;
+
+/// A candidate before it is written out: one value per dimension.
+type Choice = [Value; DIMENSIONS];
+
+/// What the trace says about which values can matter.
+#[derive(Clone, Debug, PartialEq)]
+struct SearchSpace {
+    /// Entries of the trace's settings whose keys are not searched, kept in every candidate.
+    kept: Vec<String>,
+    /// The smallest `max_split_size_mb` the settings allow (`large_segment_size_mb`).
+    min_max_split_mb: u64,
+    /// The largest segment any request of the trace can need (see the module doc).
+    largest_segment: u64,
+    /// The `roundup_power2_divisions` intervals the trace has requests in.
+    intervals: BTreeSet<usize>,
+    /// The device replayed on.
+    device_total: u64,
+    /// Whether the job sets its own memory fraction (which overrides a configured one).
+    own_fraction: bool,
+}
+
+impl SearchSpace {
+    fn of(snapshot: &TorchSnapshot, options: &ReplayOptions) -> Self {
+        let requests: Vec<u64> = snapshot
+            .device_traces
+            .get(options.device)
+            .map(|trace| {
+                trace
+                    .iter()
+                    .filter(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom))
+                    .map(|e| e.size)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // PyTorch refuses requests from MAX_REQUEST on at once, so no segment is larger.
+        let largest = requests.iter().copied().max().unwrap_or(0).clamp(1, MAX_REQUEST);
+        let large_segment = options.config.large_segment_size();
+        SearchSpace {
+            kept: unsearched_entries(options.config.settings()),
+            min_max_split_mb: large_segment / MIB,
+            largest_segment: allocation_size(largest.next_power_of_two(), large_segment),
+            intervals: requests.iter().map(|&size| roundup_interval(size)).collect(),
+            device_total: options.device_total,
+            own_fraction: options.memory_fraction.is_some(),
+        }
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` of `choice`.
+    fn settings(&self, choice: &Choice) -> String {
+        self.kept.iter().chain(choice.iter().flatten()).cloned().collect::<Vec<_>>().join(",")
+    }
+
+    /// Every value of each dimension alone (first pass).
+    fn single_key_choices(&self, baseline: &Candidate) -> Vec<Choice> {
+        let mut choices = Vec::new();
+        for (dimension, values) in self.values(baseline).into_iter().enumerate() {
+            for value in values {
+                let mut choice = Choice::default();
+                choice[dimension] = value;
+                choices.push(choice);
+            }
+        }
+        choices
+    }
+
+    /// The values tried for each dimension, the key unset not among them.
+    fn values(&self, baseline: &Candidate) -> [Vec<Value>; DIMENSIONS] {
+        let mut values: [Vec<Value>; DIMENSIONS] = Default::default();
+        values[EXPANDABLE] = vec![vec!["expandable_segments:True".to_owned()]];
+        values[MAX_SPLIT] = MAX_SPLIT_GRID_MB
+            .iter()
+            .filter(|&&mb| mb >= self.min_max_split_mb && mb * MIB <= self.largest_segment)
+            .map(|mb| vec![format!("max_split_size_mb:{mb}")])
+            .collect();
+        values[ROUNDUP] = self.roundup_values();
+        values[FRACTION] = self.fraction_values(baseline);
+        values
+    }
+
+    /// Single division counts and two-part tables (one count up to an interval the trace has
+    /// requests in, another above it), each distinct on the trace's requests.
+    fn roundup_values(&self) -> Vec<Value> {
+        let mut seen = BTreeSet::from([self.effective_divisions(&[0; ROUNDUP_INTERVALS])]);
+        let mut values = Vec::new();
+        let mut add = |text: String, table: [u64; ROUNDUP_INTERVALS]| {
+            if seen.insert(self.effective_divisions(&table)) {
+                values.push(vec![format!("roundup_power2_divisions:{text}")]);
+            }
+        };
+        for d in SINGLE_DIVISIONS {
+            add(d.to_string(), [d; ROUNDUP_INTERVALS]);
+        }
+        // A split after the last interval with requests would leave nothing above it.
+        let last = self.intervals.last().copied().unwrap_or(0);
+        for &split in self.intervals.iter().filter(|&&i| i < last) {
+            for below in TABLE_DIVISIONS {
+                for above in TABLE_DIVISIONS.into_iter().filter(|&a| a != below) {
+                    let mut table = [above; ROUNDUP_INTERVALS];
+                    table[..=split].fill(below);
+                    add(format!("[{}:{below},>:{above}]", 1u64 << split), table);
+                }
+            }
+        }
+        values
+    }
+
+    /// The divisions of the intervals the trace has requests in, 0 and 1 both as 1.
+    fn effective_divisions(&self, table: &[u64; ROUNDUP_INTERVALS]) -> Vec<u64> {
+        self.intervals.iter().map(|&i| table[i].max(1)).collect()
+    }
+
+    /// Fractions between the baseline's peak allocated and peak reserved, each alone and with
+    /// every collection threshold; only thresholds when the job sets its own fraction.
+    fn fraction_values(&self, baseline: &Candidate) -> Vec<Value> {
+        if self.own_fraction {
+            return GC_THRESHOLDS.iter().map(|t| vec![format!("garbage_collection_threshold:{t}")]).collect();
+        }
+        let (allocated, reserved) = (baseline.peak_allocated as f64, baseline.peak_reserved as f64);
+        let total = self.device_total as f64;
+        let mut values = Vec::new();
+        for step in FRACTION_STEPS {
+            let Some(text) = fraction_text((allocated + (reserved - allocated) * step) / total) else { continue };
+            let binds = text.parse::<f64>().is_ok_and(|f| f * total < reserved);
+            let fraction = format!("per_process_memory_fraction:{text}");
+            if !binds || values.iter().any(|v: &Value| v.last() == Some(&fraction)) {
+                continue;
+            }
+            values.push(vec![fraction.clone()]);
+            for threshold in GC_THRESHOLDS {
+                values.push(vec![format!("garbage_collection_threshold:{threshold}"), fraction.clone()]);
+            }
+        }
+        values
+    }
+
+    /// The combinations of at least two dimensions of the best [`BEST_PER_KEY`] values of each
+    /// in the first pass (`results[i]` measured `singles[i]`).
+    fn combinations(&self, singles: &[Choice], results: &[Option<Candidate>], objective: Objective) -> Vec<Choice> {
+        let mut best: [Vec<Value>; DIMENSIONS] = Default::default();
+        for (dimension, values) in best.iter_mut().enumerate() {
+            let mut measured: Vec<(&Choice, &Candidate)> = singles
+                .iter()
+                .zip(results)
+                .filter(|(choice, _)| !choice[dimension].is_empty())
+                .filter_map(|(choice, result)| result.as_ref().map(|r| (choice, r)))
+                .collect();
+            measured.sort_by_key(|(_, c)| c.rank_key(objective));
+            let mut outcomes = BTreeSet::new();
+            values.push(Value::new());
+            for (choice, candidate) in measured {
+                let outcome = (candidate.peak_reserved, candidate.ooms, candidate.device_calls(), candidate.new_ooms);
+                if values.len() <= BEST_PER_KEY && outcomes.insert(outcome) {
+                    values.push(choice[dimension].clone());
+                }
+            }
+        }
+        let mut choices = vec![Choice::default()];
+        for (dimension, values) in best.iter().enumerate() {
+            choices = choices
+                .into_iter()
+                .flat_map(|choice| {
+                    values.iter().map(move |value| {
+                        let mut next = choice.clone();
+                        next[dimension] = value.clone();
+                        next
+                    })
+                })
+                .collect();
+        }
+        choices.retain(|choice| choice.iter().filter(|v| !v.is_empty()).count() >= 2);
+        choices
+    }
+}
+
+/// The `roundup_power2_divisions` interval of a request: `[2^(20+i), 2^(21+i))`, the first also
+/// covering everything smaller.
+fn roundup_interval(size: u64) -> usize {
+    let log = 63 - size.max(1).leading_zeros() as usize;
+    log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1)
+}
+
+/// `fraction` written with four significant digits, if it is a fraction a setting may have.
+fn fraction_text(fraction: f64) -> Option<String> {
+    if !(fraction > 0.0 && fraction < 1.0) {
+        return None;
+    }
+    let decimals = (3 - fraction.log10().floor() as i32).max(0) as usize;
+    let text = format!("{fraction:.decimals$}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    (text.parse::<f64>().is_ok_and(|f| f > 0.0 && f < 1.0)).then(|| text.to_owned())
+}
+
+/// The `key:value` entries of `settings` whose keys the search does not set, as written
+/// (top-level commas separate entries; a `[...]` list keeps its own).
+fn unsearched_entries(settings: &str) -> Vec<String> {
+    let mut entries = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, ch) in settings.char_indices().chain([(settings.len(), ',')]) {
+        match ch {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                let entry = settings[start..i].trim();
+                let key = entry.split(':').next().unwrap_or("").trim();
+                if !entry.is_empty() && !SEARCHED_KEYS.contains(&key) {
+                    entries.push(entry.to_owned());
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+
+    use super::*;
+
+    fn space() -> SearchSpace {
+        SearchSpace {
+            kept: Vec::new(),
+            min_max_split_mb: 20,
+            // A trace whose largest request is 100 MiB: 128 MiB after the coarsest rounding.
+            largest_segment: allocation_size(128 * MIB, 20 * MIB),
+            intervals: BTreeSet::from([0, 2, 6]),
+            device_total: 80 << 30,
+            own_fraction: false,
+        }
+    }
+
+    fn measured(settings: &str, peak_reserved: u64, new_ooms: usize) -> Candidate {
+        Candidate {
+            settings: settings.to_owned(),
+            peak_reserved,
+            peak_allocated: 1 << 30,
+            ooms: new_ooms,
+            new_ooms,
+            first_oom: (new_ooms > 0).then(|| ReplayOom {
+                index: 7,
+                message: "CUDA out of memory.".into(),
+                recorded: false,
+            }),
+            first_new_oom: (new_ooms > 0).then(|| ReplayOom {
+                index: 7,
+                message: "CUDA out of memory.".into(),
+                recorded: false,
+            }),
+            device_allocs: 10,
+            device_frees: 0,
+            allocator_seconds: 0.0,
+        }
+    }
+
+    fn all_settings(space: &SearchSpace, choices: &[Choice]) -> Vec<String> {
+        choices.iter().map(|c| space.settings(c)).collect()
+    }
+
+    #[test]
+    fn every_candidate_parses_and_none_repeats() {
+        for own_fraction in [false, true] {
+            let space = SearchSpace { own_fraction, kept: vec!["pinned_num_register_threads:8".into()], ..space() };
+            let baseline = measured("", 3 << 30, 0);
+            let singles = space.single_key_choices(&baseline);
+            let results: Vec<Option<Candidate>> =
+                singles.iter().enumerate().map(|(i, c)| Some(measured(&space.settings(c), i as u64, 0))).collect();
+            let mut settings = all_settings(&space, &singles);
+            settings.extend(all_settings(&space, &space.combinations(&singles, &results, Objective::PeakReserved)));
+            assert!(settings.len() > 50, "{}", settings.len());
+            for s in &settings {
+                let config = AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+                assert_eq!(config.pinned_num_register_threads(), 8, "{s} keeps the unsearched key");
+            }
+            let unique: BTreeSet<&String> = settings.iter().collect();
+            assert_eq!(unique.len(), settings.len(), "duplicates");
+        }
+    }
+
+    #[test]
+    fn pruning_drops_values_that_cannot_matter() {
+        let space = space();
+        let values = space.values(&measured("", 3 << 30, 0));
+        let max_split: Vec<&str> = values[MAX_SPLIT].iter().map(|v| v[0].as_str()).collect();
+        assert_eq!(
+            max_split,
+            [
+                "max_split_size_mb:20",
+                "max_split_size_mb:32",
+                "max_split_size_mb:48",
+                "max_split_size_mb:64",
+                "max_split_size_mb:96",
+                "max_split_size_mb:128"
+            ],
+            "none above the largest segment (128 MiB)"
+        );
+        assert_eq!(values[EXPANDABLE], [vec!["expandable_segments:True".to_owned()]], "not the default False");
+        // Two-part tables split only after an interval with requests, below the last one.
+        let roundup: Vec<&str> = values[ROUNDUP].iter().map(|v| v[0].as_str()).collect();
+        assert_eq!(roundup.len(), SINGLE_DIVISIONS.len() + 2 * 20);
+        assert!(roundup.contains(&"roundup_power2_divisions:[4:1,>:8]"));
+        assert!(!roundup.iter().any(|r| r.contains("[2:") || r.contains("[64:")), "{roundup:?}");
+        // Every fraction binds (allowance below the baseline's peak reserved), thresholds only with one.
+        for value in &values[FRACTION] {
+            let fraction = value.iter().find(|e| e.starts_with("per_process_memory_fraction:")).unwrap();
+            let f: f64 = fraction.rsplit(':').next().unwrap().parse().unwrap();
+            assert!(
+                f * (80u64 << 30) as f64 >= (1u64 << 30) as f64 && f * ((80u64 << 30) as f64) < (3u64 << 30) as f64
+            );
+        }
+        // With the job's own fraction, thresholds alone and no fraction.
+        let own = SearchSpace { own_fraction: true, ..space };
+        let values = own.values(&measured("", 3 << 30, 0));
+        assert_eq!(values[FRACTION].len(), GC_THRESHOLDS.len());
+        assert!(values[FRACTION].iter().all(|v| v.len() == 1 && v[0].starts_with("garbage_collection_threshold:")));
+    }
+
+    #[test]
+    fn equivalent_roundup_tables_are_tried_once() {
+        // Requests in one interval only: every table is a single count there.
+        let space = SearchSpace { intervals: BTreeSet::from([3]), ..space() };
+        let roundup = space.roundup_values();
+        assert_eq!(roundup.len(), SINGLE_DIVISIONS.len(), "{roundup:?}");
+    }
+
+    #[test]
+    fn combinations_take_the_best_values_of_each_key() {
+        let space = space();
+        let baseline = measured("", 3 << 30, 0);
+        let singles = space.single_key_choices(&baseline);
+        // Peak falls with the order of the search, but max_split values all OOM.
+        let results: Vec<Option<Candidate>> = singles
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let oom = usize::from(!c[MAX_SPLIT].is_empty());
+                Some(measured(&space.settings(c), 1000 - i as u64, oom))
+            })
+            .collect();
+        let combinations = space.combinations(&singles, &results, Objective::PeakReserved);
+        // (1 + 1) × (1 + 3) × (1 + 3) × (1 + 3) minus the 1 + 1 + 3 + 3 + 3 of fewer than two keys.
+        assert_eq!(combinations.len(), 2 * 4 * 4 * 4 - 11);
+        // The best roundup values are the last ones tried (the lowest peaks).
+        assert!(combinations.iter().all(|c| c.iter().filter(|v| !v.is_empty()).count() >= 2));
+        let roundup: BTreeSet<&Value> = combinations.iter().map(|c| &c[ROUNDUP]).collect();
+        let all = space.roundup_values();
+        assert!(roundup.contains(&all[all.len() - 1]) && !roundup.contains(&all[0]), "{roundup:?}");
+    }
+
+    #[test]
+    fn an_ooming_candidate_never_ranks_above_one_that_does_not() {
+        for objective in Objective::ALL {
+            let mut candidates = vec![
+                measured("small but fails", 1 << 20, 1),
+                measured("large", 10 << 30, 0),
+                measured("fails twice", 1 << 10, 2),
+                measured("medium", 5 << 30, 0),
+            ];
+            rank(&mut candidates, objective);
+            let order: Vec<&str> = candidates.iter().map(|c| c.settings.as_str()).collect();
+            assert!(order[..2].iter().all(|s| !s.contains("fails")), "{objective:?}: {order:?}");
+            assert_eq!(order[2..], ["small but fails", "fails twice"], "{objective:?}");
+        }
+        let mut candidates = vec![measured("large", 10 << 30, 0), measured("medium", 5 << 30, 0)];
+        rank(&mut candidates, Objective::PeakReserved);
+        assert_eq!(candidates[0].settings, "medium");
+    }
+
+    #[test]
+    fn recorded_ooms_do_not_count_as_failing() {
+        let mut probe = measured("probe", 1 << 30, 0);
+        probe.ooms = 2;
+        probe.first_oom = Some(ReplayOom { index: 3, message: "CUDA out of memory.".into(), recorded: true });
+        assert!(probe.fits());
+        let mut candidates = vec![measured("fails", 1 << 20, 1), probe];
+        rank(&mut candidates, Objective::PeakReserved);
+        assert_eq!(candidates[0].settings, "probe");
+    }
+
+    #[test]
+    fn fractions_and_entries_are_written_as_settings() {
+        assert_eq!(fraction_text(0.0025), Some("0.0025".into()));
+        assert_eq!(fraction_text(0.012345678), Some("0.01235".into()));
+        assert_eq!(fraction_text(0.5), Some("0.5".into()));
+        assert_eq!(fraction_text(1.0), None);
+        assert_eq!(fraction_text(0.0), None);
+        assert_eq!(
+            unsearched_entries(
+                "max_split_size_mb:64, pinned_num_register_threads:8,roundup_power2_divisions:[1:4,>:8],backend:native"
+            ),
+            ["pinned_num_register_threads:8", "backend:native"]
+        );
+        assert!(unsearched_entries("").is_empty());
+        assert_eq!(roundup_interval(1000), 0);
+        assert_eq!(roundup_interval(3 << 20), 1);
+        assert_eq!(roundup_interval(1 << 50), ROUNDUP_INTERVALS - 1);
+    }
+}
