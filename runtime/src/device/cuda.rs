@@ -3,11 +3,12 @@
 //! cuBLAS and cuBLASLt workspaces of the first products included.
 
 use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
-use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan, MatmulOptions};
-use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 
-use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
+use super::{BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
 
 /// The one stream of the device (PyTorch's current stream).
@@ -89,85 +90,42 @@ impl DeviceKernels for CudaDevice {
         Ok(self.kernels.scale(STREAM, x, y, alpha, n)?)
     }
 
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
-        args.validate()?;
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
         // PyTorch's staging block (2,112 bytes) holds the first pass's 512 partials.
-        let partials = DeviceSpan::block(staging).slice(0, SUM_SCRATCH)?;
-        Ok(self.kernels.sum(STREAM, x, args.n, partials, out, args.scale())?)
+        let partials = DeviceSpan::block(op.staging).slice(0, SUM_SCRATCH)?;
+        Ok(self.kernels.sum(STREAM, op.x, op.n, partials, op.out, op.scale())?)
     }
 
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError> {
-        let options = MatmulOptions { beta, bias: bias.map(DeviceSpan::from) };
-        Ok(self.kernels.matmul(&mut self.allocator, STREAM, a, b, c, shape, options)?)
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.matmul(&mut self.allocator, STREAM, op)?)
     }
 
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sum_rows(STREAM, x, out, args)?)
+    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.sum_rows(STREAM, op)?)
     }
 
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation(STREAM, act, x, y, n)?)
+    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.activation(STREAM, op)?)
     }
 
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation_backward(STREAM, act, x, dy, dx, n)?)
+    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.activation_backward(STREAM, op)?)
     }
 
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.mse(STREAM, pred, target, loss, Some(DeviceSpan::from(grad)), args)?)
+    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.mse(STREAM, op)?)
     }
 
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, logits, targets, loss, grad, args)?)
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, op)?)
     }
 
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sgd_step(STREAM, param, grad, momentum.map(DeviceSpan::from), args)?)
+    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.sgd_step(STREAM, op)?)
     }
 
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.adam_step(STREAM, param, grad, exp_avg, exp_avg_sq, args)?)
+    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.adam_step(STREAM, op)?)
     }
 }

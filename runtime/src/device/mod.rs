@@ -26,9 +26,10 @@ pub mod sim;
 pub mod wgpu;
 
 use cachalot_core::{Allocation, Allocator, StreamId};
-use cachalot_shaders::MatmulShape;
 pub use cachalot_shaders::ops::Activation;
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 
 use crate::error::RuntimeError;
 
@@ -154,9 +155,9 @@ pub trait DeviceInfo {
 /// The kernels of a device: one method per op of `cachalot_shaders::ops`, on allocations of
 /// the device's allocator.
 ///
-/// Sizes are element counts (f32, or u32 for class targets); an op's arguments beyond its
-/// operands are its struct from `cachalot_shaders::ops`, whose `validate` every
-/// implementation calls. Kernel calls do no `record_stream` bookkeeping: the runtime does it
+/// Sizes are element counts (f32, or u32 for class targets); an op is its struct from
+/// `cachalot_shaders::ops` with `&Allocation` operands, whose `validate` every implementation
+/// calls. Kernel calls do no `record_stream` bookkeeping: the runtime does it
 /// according to [`DeviceInfo::discipline`]. Calls are stream ordered; only
 /// [`DeviceKernels::read`] and [`DeviceKernels::synchronize`] wait for the device.
 pub trait DeviceKernels {
@@ -172,67 +173,25 @@ pub trait DeviceKernels {
     fn fill_u32(&mut self, x: &Allocation, n: u64, value: u32) -> Result<(), RuntimeError>;
     /// `y = alpha · x` for `n` elements (`x` and `y` distinct).
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError>;
-    /// `out[0] = mean(x)` ([`Mean`]); `staging` is PyTorch's reduction scratch (2,112 bytes).
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError>;
-    /// `C = op(A) · op(B) (+ beta C) (+ bias)`. May allocate the device's workspaces.
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError>;
+    /// `out[0] = mean(x)` ([`Mean`]; its `staging` is PyTorch's reduction scratch, 2,112 bytes).
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError>;
+    /// `C = op(A) · op(B) (+ beta C) (+ bias)` ([`Matmul`]). May allocate the device's workspaces.
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError>;
     /// Column sums `out[c] (+)= Σ_r x[r, c]` ([`SumRows`]).
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError>;
-    /// `y = act(x)`.
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError>;
-    /// `dx = act'(x) · dy`.
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError>;
-    /// Mean squared error and its gradient ([`Mse`]).
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError>;
+    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError>;
+    /// `y = act(x)` ([`ActivationForward`]).
+    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError>;
+    /// `dx = act'(x) · dy` ([`ActivationBackward`]).
+    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError>;
+    /// Mean squared error and, when `grad` is given, its gradient ([`Mse`]).
+    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError>;
     /// Softmax cross-entropy (mean over rows) and its gradient ([`CrossEntropy`]). Takes a
     /// scratch row from the allocator, as the CUDA and wgpu kernels do.
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError>;
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError>;
     /// One SGD step ([`SgdStep`]).
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError>;
+    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError>;
     /// One Adam step ([`AdamStep`]).
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError>;
+    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError>;
 }
 
 /// A device the runtime runs on: its facts and allocator ([`DeviceInfo`]) and its kernels

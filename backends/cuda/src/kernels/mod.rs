@@ -6,10 +6,11 @@
 //! cuBLAS (`cublasSgemm`) and, for products with a bias, to cuBLASLt with the bias epilogue,
 //! with PyTorch 2.11's workspaces taken from the caching allocator.
 //!
-//! An op's arguments beyond its operands are its struct from `cachalot_shaders::ops`
-//! (`SumRows`, `Mse`, `CrossEntropy`, `SgdStep`, `AdamStep`, `Activation`), whose `validate`
-//! is the one check of those arguments on every backend; this module checks the operands
-//! (each [`DeviceSpan`] holds what the kernel touches).
+//! An op is its struct from `cachalot_shaders::ops` (`Matmul`, `SumRows`, `Mse`,
+//! `CrossEntropy`, `SgdStep`, `AdamStep`, `ActivationForward`, `ActivationBackward`), with
+//! operands of any type that converts into a [`DeviceSpan`]; its `validate` is the one check
+//! of its arguments on every backend, and this module checks the operands (each
+//! [`DeviceSpan`] holds what the kernel touches).
 //!
 //! Everything is stream-ordered and asynchronous except [`CudaKernels::read`] (which waits for
 //! its stream). Kernels do no cross-stream bookkeeping: like a PyTorch program, a caller that
@@ -28,7 +29,9 @@ use std::time::Duration;
 
 use cachalot_core::{Allocation, CachingAllocator, StreamId};
 use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    Activation, ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
+};
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::backend::CudaBackend;
@@ -50,16 +53,6 @@ pub const SUM_PARTIALS: u32 = 512;
 
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
-
-/// Options of a matrix product beyond its operands.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct MatmulOptions {
-    /// Scale of the existing `C` added to the product: 0 overwrites `C` (its old contents are
-    /// not read), 1 accumulates (e.g. into a gradient).
-    pub beta: f32,
-    /// `bias[n]` added to every row of `C` (through cuBLASLt's bias epilogue).
-    pub bias: Option<DeviceSpan>,
-}
 
 /// Which persistent workspace an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +119,7 @@ struct Functions {
 /// use cachalot_core::{AllocatorConfig, StreamId};
 /// use cachalot_cuda::{CudaKernels, caching_allocator};
 /// use cachalot_shaders::MatmulShape;
+/// use cachalot_shaders::ops::Matmul;
 ///
 /// let mut allocator = caching_allocator(0, AllocatorConfig::default())?;
 /// let mut kernels = CudaKernels::new(allocator.backend().cuda())?;
@@ -134,7 +128,7 @@ struct Functions {
 /// kernels.fill(s, &a, 64 * 32, 1.0)?;
 /// kernels.fill(s, &b, 32 * 16, 0.5)?;
 /// // The first product on a stream allocates PyTorch's cuBLAS workspace from the allocator.
-/// kernels.matmul(&mut allocator, s, &a, &b, &c, MatmulShape::nn(64, 16, 32), Default::default())?;
+/// kernels.matmul(&mut allocator, s, Matmul::new(&a, &b, &c, MatmulShape::nn(64, 16, 32)))?;
 /// let out: Vec<f32> = kernels.read(s, &c, 64 * 16)?;
 /// assert_eq!(out[0], 16.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -424,14 +418,8 @@ impl CudaKernels {
     }
 
     /// `y = act(x)` for `n` elements (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
-    pub fn activation(
-        &self,
-        stream: StreamId,
-        act: Activation,
-        x: impl Into<DeviceSpan>,
-        y: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
+    pub fn activation<T: Into<DeviceSpan>>(&self, stream: StreamId, op: ActivationForward<T>) -> Result<(), CudaError> {
+        let ActivationForward { act, x, y, n } = op;
         if n == 0 {
             return Ok(());
         }
@@ -449,15 +437,12 @@ impl CudaKernels {
 
     /// `dx = act'(x) · dy` for `n` elements (ReLU: PyTorch's `threshold_backward`; GELU:
     /// `dy · (Φ(x) + x · φ(x))`).
-    pub fn activation_backward(
+    pub fn activation_backward<T: Into<DeviceSpan>>(
         &self,
         stream: StreamId,
-        act: Activation,
-        x: impl Into<DeviceSpan>,
-        dy: impl Into<DeviceSpan>,
-        dx: impl Into<DeviceSpan>,
-        n: u64,
+        op: ActivationBackward<T>,
     ) -> Result<(), CudaError> {
+        let ActivationBackward { act, x, dy, dx, n } = op;
         if n == 0 {
             return Ok(());
         }
@@ -495,18 +480,13 @@ impl CudaKernels {
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
-    pub fn sum_rows(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        out: impl Into<DeviceSpan>,
-        args: SumRows,
-    ) -> Result<(), CudaError> {
-        let SumRows { rows, cols, accumulate } = args;
+    pub fn sum_rows<T: Into<DeviceSpan>>(&self, stream: StreamId, op: SumRows<T>) -> Result<(), CudaError> {
+        let elements = op.elements();
+        let SumRows { x, out, rows, cols, accumulate } = op;
         if cols == 0 {
             return Ok(());
         }
-        let x = x.into().check("x", args.elements() * 4)?;
+        let x = x.into().check("x", elements * 4)?;
         let out = out.into().check("out", u64::from(cols) * 4)?;
         let accumulate = i32::from(accumulate);
         let s = self.stream(stream)?;
@@ -544,28 +524,21 @@ impl CudaKernels {
     // ---- losses ----
 
     /// Mean squared error ([`Mse`]); the gradient only if `grad` is given.
-    pub fn mse(
-        &self,
-        stream: StreamId,
-        pred: impl Into<DeviceSpan>,
-        target: impl Into<DeviceSpan>,
-        loss: impl Into<DeviceSpan>,
-        grad: Option<DeviceSpan>,
-        args: Mse,
-    ) -> Result<(), CudaError> {
-        args.validate()?;
-        let n = args.n;
+    pub fn mse<T: Into<DeviceSpan>>(&self, stream: StreamId, op: Mse<T>) -> Result<(), CudaError> {
+        op.validate()?;
+        let (loss_scale, grad_scale) = (op.loss_scale(), op.grad_scale());
+        let Mse { pred, target, loss, grad, n } = op;
         let (pred, target) = (pred.into().check("pred", n * 4)?, target.into().check("target", n * 4)?);
         let loss = loss.into().check("loss", 4)?;
         let s = self.stream(stream)?;
-        let scale = args.loss_scale();
+        let scale = loss_scale;
         let mut launch = s.launch_builder(&self.functions.mse_loss);
         launch.arg(&pred).arg(&target).arg(&loss).arg(&n).arg(&scale);
         // SAFETY: `mse_loss(const float*, const float*, float*, u64, float)`, one block of 256.
         unsafe { launch.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         if let Some(grad) = grad {
-            let grad = grad.check("grad", n * 4)?;
-            let scale = args.grad_scale();
+            let grad = grad.into().check("grad", n * 4)?;
+            let scale = grad_scale;
             let mut launch = s.launch_builder(&self.functions.mse_grad);
             launch.arg(&pred).arg(&target).arg(&grad).arg(&n).arg(&scale);
             // SAFETY: `mse_grad(const float*, const float*, float*, u64, float)`; checked.
@@ -577,21 +550,16 @@ impl CudaKernels {
     /// Softmax cross-entropy ([`CrossEntropy`]). Takes a scratch block of `rows` f32 from the
     /// allocator for the per-row losses (freed at once: it is reused only by later work on
     /// the same stream).
-    #[allow(clippy::too_many_arguments)] // the loss's four operands, the allocator and the stream
-    pub fn cross_entropy(
+    pub fn cross_entropy<T: Into<DeviceSpan>>(
         &self,
         allocator: &mut CachingAllocator<CudaBackend>,
         stream: StreamId,
-        logits: impl Into<DeviceSpan>,
-        targets: impl Into<DeviceSpan>,
-        loss: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        args: CrossEntropy,
+        op: CrossEntropy<T>,
     ) -> Result<(), CudaError> {
-        args.validate()?;
+        op.validate()?;
         self.check_allocator(allocator)?;
-        let CrossEntropy { rows, cols } = args;
-        let elements = args.elements();
+        let (elements, scale) = (op.elements(), op.scale());
+        let CrossEntropy { logits, targets, loss, grad, rows, cols } = op;
         let logits = logits.into().check("logits", elements * 4)?;
         let targets = targets.into().check("targets", u64::from(rows) * 4)?;
         let loss = loss.into().check("loss", 4)?;
@@ -599,7 +567,6 @@ impl CudaKernels {
         let s = self.stream(stream)?;
         let scratch = allocator.malloc(u64::from(rows) * 4, stream)?;
         let row_loss = scratch.address();
-        let scale = args.scale();
         let mut per_row = s.launch_builder(&self.functions.xent_rows);
         per_row.arg(&logits).arg(&targets).arg(&grad).arg(&row_loss).arg(&rows).arg(&cols).arg(&scale);
         // SAFETY: `xent_rows(const float*, const u32*, float*, float*, u32, u32, float)`, one
@@ -617,23 +584,17 @@ impl CudaKernels {
 
     // ---- optimisers ----
 
-    /// One SGD step ([`SgdStep`]); `momentum_buf` is needed when `sgd.momentum != 0`.
-    pub fn sgd_step(
-        &self,
-        stream: StreamId,
-        param: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        momentum_buf: Option<DeviceSpan>,
-        args: SgdStep,
-    ) -> Result<(), CudaError> {
-        let SgdStep { n, sgd, first_step } = args;
+    /// One SGD step ([`SgdStep`]); the momentum buffer is needed when `sgd.momentum != 0`.
+    pub fn sgd_step<T: Into<DeviceSpan>>(&self, stream: StreamId, op: SgdStep<T>) -> Result<(), CudaError> {
+        let checked = op.validate();
+        let SgdStep { param, grad, momentum: momentum_buf, n, sgd, first_step } = op;
         if n == 0 {
             return Ok(());
         }
         let (param, grad) = (param.into().check("param", n * 4)?, grad.into().check("grad", n * 4)?);
-        args.validate(momentum_buf.is_some())?;
+        checked?;
         // Not read when momentum is 0: a null pointer will do.
-        let buf = momentum_buf.map(|buf| buf.check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
+        let buf = momentum_buf.map(|buf| buf.into().check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
         let (nesterov, first) = (i32::from(sgd.nesterov), i32::from(first_step));
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(&self.functions.sgd_step);
@@ -645,17 +606,10 @@ impl CudaKernels {
     }
 
     /// One Adam step ([`AdamStep`]).
-    pub fn adam_step(
-        &self,
-        stream: StreamId,
-        param: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        exp_avg: impl Into<DeviceSpan>,
-        exp_avg_sq: impl Into<DeviceSpan>,
-        args: AdamStep,
-    ) -> Result<(), CudaError> {
-        args.validate()?;
-        let AdamStep { n, adam, .. } = args;
+    pub fn adam_step<T: Into<DeviceSpan>>(&self, stream: StreamId, op: AdamStep<T>) -> Result<(), CudaError> {
+        op.validate()?;
+        let (step_size, sqrt_bc2) = op.constants();
+        let AdamStep { param, grad, exp_avg, exp_avg_sq, n, adam, .. } = op;
         if n == 0 {
             return Ok(());
         }
@@ -663,7 +617,6 @@ impl CudaKernels {
         let grad = grad.into().check("grad", n * 4)?;
         let m = exp_avg.into().check("exp_avg", n * 4)?;
         let v = exp_avg_sq.into().check("exp_avg_sq", n * 4)?;
-        let (step_size, sqrt_bc2) = args.constants();
         let s = self.stream(stream)?;
         let mut launch = s.launch_builder(&self.functions.adam_step);
         launch.arg(&param).arg(&grad).arg(&m).arg(&v).arg(&n);
@@ -743,17 +696,13 @@ impl CudaKernels {
     /// ([`WorkspaceSizes::cublas`]) from `allocator`; the first one with a bias also the
     /// cuBLASLt workspace, after it, and runs through cuBLASLt's bias epilogue (PyTorch's
     /// `addmm` → `gemm_and_bias`). An empty product (`m` or `n` is 0) does nothing.
-    #[allow(clippy::too_many_arguments)] // three operands, the shape and the options
-    pub fn matmul(
+    pub fn matmul<T: Into<DeviceSpan>>(
         &mut self,
         allocator: &mut CachingAllocator<CudaBackend>,
         stream: StreamId,
-        a: impl Into<DeviceSpan>,
-        b: impl Into<DeviceSpan>,
-        c: impl Into<DeviceSpan>,
-        shape: MatmulShape,
-        options: MatmulOptions,
+        op: Matmul<T>,
     ) -> Result<(), CudaError> {
+        let Matmul { a, b, c, shape, beta, bias } = op;
         if shape.is_empty() {
             return Ok(());
         }
@@ -762,14 +711,14 @@ impl CudaKernels {
             a: a.into().check("a", ea * 4)?,
             b: b.into().check("b", eb * 4)?,
             c: c.into().check("c", ec * 4)?,
-            bias: options.bias.map(|bias| bias.check("bias", u64::from(shape.n) * 4)).transpose()?,
+            bias: bias.map(|bias| bias.into().check("bias", u64::from(shape.n) * 4)).transpose()?,
         };
         let lt_bytes = self.workspace_sizes.cublaslt;
         let state = self.blas_for(allocator, stream)?;
         match ops.bias {
             // cuBLASLt wants k > 0; an empty contraction is C = beta·C + bias.
             Some(bias) if shape.k == 0 => {
-                state.gemm(shape, ops, options.beta)?;
+                state.gemm(shape, ops, beta)?;
                 self.add_bias(
                     stream,
                     DeviceSpan::new(ops.c, ec * 4),
@@ -780,9 +729,9 @@ impl CudaKernels {
             }
             Some(_) => {
                 state.ensure_lt(allocator, stream, lt_bytes)?;
-                state.gemm_bias(shape, ops, options.beta)
+                state.gemm_bias(shape, ops, beta)
             }
-            None => state.gemm(shape, ops, options.beta),
+            None => state.gemm(shape, ops, beta),
         }
     }
 
@@ -801,8 +750,8 @@ impl CudaKernels {
         inputs: u32,
         outputs: u32,
     ) -> Result<(), CudaError> {
-        let options = MatmulOptions { beta: 0.0, bias };
-        self.matmul(allocator, stream, x, w, y, MatmulShape::nt(batch, outputs, inputs), options)
+        let (x, w, y) = (x.into(), w.into(), y.into());
+        self.matmul(allocator, stream, Matmul { bias, ..Matmul::new(x, w, y, MatmulShape::nt(batch, outputs, inputs)) })
     }
 
     /// Linear layer backward from `dy[batch, out]`: `dx = dy · w` (if wanted),
@@ -826,21 +775,16 @@ impl CudaKernels {
     ) -> Result<(), CudaError> {
         let (x, w, dy, dw) = (x.into(), w.into(), dy.into(), dw.into());
         if let Some(dx) = dx {
-            self.matmul(
-                allocator,
-                stream,
-                dy,
-                w,
-                dx,
-                MatmulShape::nn(batch, inputs, outputs),
-                MatmulOptions::default(),
-            )?;
+            self.matmul(allocator, stream, Matmul::new(dy, w, dx, MatmulShape::nn(batch, inputs, outputs)))?;
         }
         let beta = if accumulate { 1.0 } else { 0.0 };
-        let options = MatmulOptions { beta, bias: None };
-        self.matmul(allocator, stream, dy, x, dw, MatmulShape::tn(outputs, inputs, batch), options)?;
+        self.matmul(
+            allocator,
+            stream,
+            Matmul { beta, ..Matmul::new(dy, x, dw, MatmulShape::tn(outputs, inputs, batch)) },
+        )?;
         if let Some(db) = db {
-            self.sum_rows(stream, dy, db, SumRows { rows: batch, cols: outputs, accumulate })?;
+            self.sum_rows(stream, SumRows { x: dy, out: db, rows: batch, cols: outputs, accumulate })?;
         }
         Ok(())
     }
