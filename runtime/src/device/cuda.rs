@@ -2,13 +2,13 @@
 //! default stream as a PyTorch program runs — so the allocator sees PyTorch's sequence, the
 //! cuBLAS and cuBLASLt workspaces of the first products included.
 
-use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
+use cachalot_core::{Allocation, AllocatorConfig, StreamId};
 use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan};
 use cachalot_shaders::ops::{
     ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
 };
 
-use super::{BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
+use super::{BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
 
 /// The one stream of the device (PyTorch's current stream).
@@ -20,7 +20,7 @@ const SUM_SCRATCH: u64 = cachalot_cuda::SUM_PARTIALS as u64 * 4;
 /// A CUDA GPU (see the module docs).
 #[derive(Debug)]
 pub struct CudaDevice {
-    allocator: CachingAllocator<CudaBackend>,
+    allocator: DeviceAllocator<CudaBackend>,
     kernels: CudaKernels,
     compute_capability: (i32, i32),
 }
@@ -33,6 +33,7 @@ impl CudaDevice {
         let allocator = cachalot_cuda::caching_allocator(ordinal, config)?;
         let kernels = CudaKernels::new(allocator.backend().cuda())?;
         let compute_capability = allocator.backend().cuda().compute_capability();
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Cuda, StreamDiscipline::DefaultStream);
         Ok(CudaDevice { allocator, kernels, compute_capability })
     }
 
@@ -43,17 +44,11 @@ impl CudaDevice {
 }
 
 impl DeviceInfo for CudaDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        StreamDiscipline::DefaultStream
     }
     fn workspaces(&self) -> Option<Workspaces> {
         let sizes = self.kernels.workspace_sizes();

@@ -25,7 +25,9 @@ pub mod cuda;
 pub mod sim;
 pub mod wgpu;
 
-use cachalot_core::{Allocation, Allocator, StreamId};
+use std::ops::{Deref, DerefMut};
+
+use cachalot_core::{Allocation, Allocator, Backend, CachingAllocator, StreamId};
 pub use cachalot_shaders::ops::Activation;
 use cachalot_shaders::ops::{
     ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
@@ -104,6 +106,69 @@ impl Workspaces {
     }
 }
 
+/// A device's caching allocator with the two facts every device states about it: its backend
+/// family and its stream discipline.
+///
+/// The one home of what every device answers alike: each device holds one, returns it from
+/// [`DeviceInfo::held`], and [`DeviceInfo`]'s `kind`, `discipline`, `allocator` and
+/// `allocator_mut` read it. It dereferences to the `CachingAllocator<B>` for the device's own
+/// backend-typed calls (`backend()`, the kernels that take the allocator).
+#[derive(Debug)]
+pub struct DeviceAllocator<B: Backend> {
+    allocator: CachingAllocator<B>,
+    kind: BackendKind,
+    discipline: StreamDiscipline,
+}
+
+impl<B: Backend> DeviceAllocator<B> {
+    /// `allocator`, on a device of backend family `kind` that follows `discipline`.
+    pub fn new(allocator: CachingAllocator<B>, kind: BackendKind, discipline: StreamDiscipline) -> Self {
+        DeviceAllocator { allocator, kind, discipline }
+    }
+}
+
+impl<B: Backend> Deref for DeviceAllocator<B> {
+    type Target = CachingAllocator<B>;
+
+    fn deref(&self) -> &CachingAllocator<B> {
+        &self.allocator
+    }
+}
+
+impl<B: Backend> DerefMut for DeviceAllocator<B> {
+    fn deref_mut(&mut self) -> &mut CachingAllocator<B> {
+        &mut self.allocator
+    }
+}
+
+/// A [`DeviceAllocator`] of any backend, as [`DeviceInfo`] reads it (object safe, so the
+/// trait needs no generic parameter for the backend).
+pub trait HeldAllocator {
+    /// Which backend family the device is.
+    fn kind(&self) -> BackendKind;
+    /// When freed blocks may be reused.
+    fn discipline(&self) -> StreamDiscipline;
+    /// The allocator.
+    fn allocator(&self) -> &dyn Allocator;
+    /// The allocator, mutably.
+    fn allocator_mut(&mut self) -> &mut dyn Allocator;
+}
+
+impl<B: Backend> HeldAllocator for DeviceAllocator<B> {
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+    fn discipline(&self) -> StreamDiscipline {
+        self.discipline
+    }
+    fn allocator(&self) -> &dyn Allocator {
+        &self.allocator
+    }
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+        &mut self.allocator
+    }
+}
+
 /// What the runtime needs to know about a device, and its allocator.
 ///
 /// The facts half of a [`Device`]: which backend it is, when freed blocks may be reused,
@@ -111,14 +176,27 @@ impl Workspaces {
 /// and the caching allocator — seen as a [`cachalot_core::Allocator`] object, so the runtime
 /// needs no generic parameter for the backend.
 pub trait DeviceInfo {
+    /// The device's allocator with its kind and discipline (see [`DeviceAllocator`]).
+    fn held(&self) -> &dyn HeldAllocator;
+    /// The same, mutably.
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator;
+
     /// Which backend family this is.
-    fn kind(&self) -> BackendKind;
+    fn kind(&self) -> BackendKind {
+        self.held().kind()
+    }
     /// The allocator.
-    fn allocator(&self) -> &dyn Allocator;
+    fn allocator(&self) -> &dyn Allocator {
+        self.held().allocator()
+    }
     /// The allocator, mutably.
-    fn allocator_mut(&mut self) -> &mut dyn Allocator;
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+        self.held_mut().allocator_mut()
+    }
     /// When freed blocks may be reused (see [`StreamDiscipline`]).
-    fn discipline(&self) -> StreamDiscipline;
+    fn discipline(&self) -> StreamDiscipline {
+        self.held().discipline()
+    }
     /// Whether kernels compute (the simulator can skip them for allocation-only what-ifs).
     fn computes(&self) -> bool {
         true

@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use cachalot_core::Allocator;
 use cachalot_core::{
     Allocation, AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId,
 };
@@ -19,7 +18,10 @@ use cachalot_shaders::ops::{
     ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
 };
 
-use super::{BackendKind, DeviceInfo, DeviceKernels, QUEUE_STREAM, StreamDiscipline, Workspaces, cpu};
+use super::{
+    BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, QUEUE_STREAM, StreamDiscipline, Workspaces,
+    cpu,
+};
 use crate::error::RuntimeError;
 
 /// Total memory of the H200 the reference traces were recorded on (`torch.cuda.get_device_properties(0).total_memory`).
@@ -264,7 +266,7 @@ impl Backend for HostSim {
 /// The simulator device (see the module docs).
 #[derive(Debug)]
 pub struct SimDevice {
-    allocator: CachingAllocator<HostSim>,
+    allocator: DeviceAllocator<HostSim>,
     profile: SimProfile,
     cublas: Option<Allocation>,
     cublaslt: Option<Allocation>,
@@ -274,6 +276,7 @@ impl SimDevice {
     /// A simulated device following `profile`; `compute` runs the CPU kernels.
     pub fn new(profile: SimProfile, config: AllocatorConfig, compute: bool) -> Result<Self, RuntimeError> {
         let allocator = CachingAllocator::new(HostSim::new(&profile, compute), config)?;
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Sim, profile.discipline);
         Ok(SimDevice { allocator, profile, cublas: None, cublaslt: None })
     }
 
@@ -314,17 +317,11 @@ fn check(a: &Allocation, bytes: u64, operand: &str) -> Result<(), RuntimeError> 
 }
 
 impl DeviceInfo for SimDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Sim
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        self.profile.discipline
     }
     fn computes(&self) -> bool {
         self.computes_now()

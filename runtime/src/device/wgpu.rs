@@ -9,14 +9,14 @@
 
 use std::sync::Arc;
 
-use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
+use cachalot_core::{Allocation, AllocatorConfig, StreamId};
 use cachalot_shaders::Sgd;
 use cachalot_shaders::ops::{
     ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
 };
 use cachalot_wgpu::{KernelBatch, Kernels, WgpuBackend, WgpuConfig, WgpuContext};
 
-use super::{BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline};
+use super::{BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, StreamDiscipline};
 use crate::error::RuntimeError;
 
 /// Columns of the first pass of [`DeviceKernels::mean`]: partials that fit PyTorch's 2,112-byte
@@ -26,7 +26,7 @@ const MEAN_COLUMNS: u64 = 512;
 /// A wgpu adapter's device (see the module docs).
 #[derive(Debug)]
 pub struct WgpuDevice {
-    allocator: CachingAllocator<WgpuBackend>,
+    allocator: DeviceAllocator<WgpuBackend>,
     kernels: Kernels,
     /// Means reduced on the host because the tensor was over the binding limit (reported).
     host_means: u64,
@@ -36,6 +36,7 @@ impl WgpuDevice {
     /// The device of `context`, with the allocator `config`.
     pub fn new(context: Arc<WgpuContext>, config: AllocatorConfig) -> Result<Self, RuntimeError> {
         let allocator = cachalot_wgpu::caching_allocator(&context, config)?;
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Wgpu, StreamDiscipline::QueueStream);
         Ok(WgpuDevice { allocator, kernels: Kernels::new(context), host_means: 0 })
     }
 
@@ -90,17 +91,11 @@ impl WgpuDevice {
 }
 
 impl DeviceInfo for WgpuDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Wgpu
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        StreamDiscipline::QueueStream
     }
     fn run_facts(&self) -> Vec<(String, String)> {
         let info = self.kernels.context().adapter_info();
