@@ -32,7 +32,7 @@ use cachalot_shaders::MatmulShape;
 use cachalot_shaders::ops::{
     Activation, ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
 };
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::backend::CudaBackend;
 use crate::device::{CudaDevice, cublas_libraries_present, nvrtc_library_present};
@@ -378,10 +378,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", n * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill);
-        launch.arg(&x).arg(&value).arg(&n);
         // SAFETY: `fill(float*, float, u64)`; x holds n floats (checked).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill, self.grid(n), &[&x, &value, &n]) }
     }
 
     /// `x[i] = value` for `n` 32-bit words.
@@ -391,10 +389,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", n * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill_u32);
-        launch.arg(&x).arg(&value).arg(&n);
         // SAFETY: `cachalot_fill_u32(u32*, u32, u64)`; x holds n words (checked).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill_u32, self.grid(n), &[&x, &value, &n]) }
     }
 
     /// `y[i] = alpha · x[i]` for `n` elements (`x` and `y` may be the same).
@@ -411,10 +407,8 @@ impl CudaKernels {
         }
         let (x, y) = (x.into().check("x", n * 4)?, y.into().check("y", n * 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.scale);
-        launch.arg(&x).arg(&y).arg(&alpha).arg(&n);
         // SAFETY: `cachalot_scale(const float*, float*, float, u64)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.scale, self.grid(n), &[&x, &y, &alpha, &n]) }
     }
 
     /// `y = act(x)` for `n` elements (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
@@ -429,10 +423,8 @@ impl CudaKernels {
             Activation::Gelu => &self.functions.gelu_forward,
         };
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(function);
-        launch.arg(&x).arg(&y).arg(&n);
         // SAFETY: `(const float* x, float* y, u64 n)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, function, self.grid(n), &[&x, &y, &n]) }
     }
 
     /// `dx = act'(x) · dy` for `n` elements (ReLU: PyTorch's `threshold_backward`; GELU:
@@ -452,10 +444,8 @@ impl CudaKernels {
             Activation::Gelu => &self.functions.gelu_backward,
         };
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(function);
-        launch.arg(&x).arg(&dy).arg(&dx).arg(&n);
         // SAFETY: `(const float* input, const float* grad_out, float* grad_in, u64 n)`; checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, function, self.grid(n), &[&x, &dy, &dx, &n]) }
     }
 
     /// `x[r, c] += bias[c]` for `x` of `[rows, cols]`.
@@ -473,10 +463,8 @@ impl CudaKernels {
         }
         let (x, bias) = (x.into().check("x", n * 4)?, bias.into().check("bias", u64::from(cols) * 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.add_bias);
-        launch.arg(&x).arg(&bias).arg(&n).arg(&cols);
         // SAFETY: `add_bias(float*, const float*, u64, u32)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.add_bias, self.grid(n), &[&x, &bias, &n, &cols]) }
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
@@ -490,10 +478,10 @@ impl CudaKernels {
         let out = out.into().check("out", u64::from(cols) * 4)?;
         let accumulate = i32::from(accumulate);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.sum_rows);
-        launch.arg(&x).arg(&out).arg(&rows).arg(&cols).arg(&accumulate);
         // SAFETY: `sum_rows(const float*, float*, u32, u32, int)`; operands checked.
-        unsafe { launch.launch(self.grid(u64::from(cols))) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(&s, &self.functions.sum_rows, self.grid(u64::from(cols)), &[&x, &out, &rows, &cols, &accumulate])
+        }
     }
 
     /// `out[0] = scale · Σ x[0..n]` in two passes: `partials` is scratch of at least
@@ -511,14 +499,10 @@ impl CudaKernels {
         let partials = partials.into().check("partials", u64::from(SUM_PARTIALS) * 4)?;
         let out = out.into().check("out", 4)?;
         let s = self.stream(stream)?;
-        let mut first = s.launch_builder(&self.functions.sum_partial);
-        first.arg(&x).arg(&partials).arg(&n);
         // SAFETY: `cachalot_sum_partial(const float*, float*, u64)`, SUM_PARTIALS blocks of 256.
-        unsafe { first.launch(Self::blocks(SUM_PARTIALS)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
-        let mut second = s.launch_builder(&self.functions.sum_final);
-        second.arg(&partials).arg(&out).arg(&SUM_PARTIALS).arg(&scale);
+        unsafe { launch(&s, &self.functions.sum_partial, Self::blocks(SUM_PARTIALS), &[&x, &partials, &n]) }?;
         // SAFETY: `cachalot_sum_final(const float*, float*, u32, float)`, one block of 256.
-        unsafe { second.launch(Self::blocks(1)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.sum_final, Self::blocks(1), &[&partials, &out, &SUM_PARTIALS, &scale]) }
     }
 
     // ---- losses ----
@@ -532,17 +516,13 @@ impl CudaKernels {
         let loss = loss.into().check("loss", 4)?;
         let s = self.stream(stream)?;
         let scale = loss_scale;
-        let mut launch = s.launch_builder(&self.functions.mse_loss);
-        launch.arg(&pred).arg(&target).arg(&loss).arg(&n).arg(&scale);
         // SAFETY: `mse_loss(const float*, const float*, float*, u64, float)`, one block of 256.
-        unsafe { launch.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        unsafe { launch(&s, &self.functions.mse_loss, Self::blocks(1), &[&pred, &target, &loss, &n, &scale]) }?;
         if let Some(grad) = grad {
             let grad = grad.into().check("grad", n * 4)?;
             let scale = grad_scale;
-            let mut launch = s.launch_builder(&self.functions.mse_grad);
-            launch.arg(&pred).arg(&target).arg(&grad).arg(&n).arg(&scale);
             // SAFETY: `mse_grad(const float*, const float*, float*, u64, float)`; checked.
-            unsafe { launch.launch(self.grid(n)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+            unsafe { launch(&s, &self.functions.mse_grad, self.grid(n), &[&pred, &target, &grad, &n, &scale]) }?;
         }
         Ok(())
     }
@@ -567,19 +547,22 @@ impl CudaKernels {
         let s = self.stream(stream)?;
         let scratch = allocator.malloc(u64::from(rows) * 4, stream)?;
         let row_loss = scratch.address();
-        let mut per_row = s.launch_builder(&self.functions.xent_rows);
-        per_row.arg(&logits).arg(&targets).arg(&grad).arg(&row_loss).arg(&rows).arg(&cols).arg(&scale);
         // SAFETY: `xent_rows(const float*, const u32*, float*, float*, u32, u32, float)`, one
         // block of 256 per row; operands checked, scratch holds `rows` floats.
-        let launched = unsafe { per_row.launch(Self::blocks(rows)) }.map_err(CudaError::driver("cuLaunchKernel"));
-        let launched = launched.and_then(|_| {
-            let mut mean = s.launch_builder(&self.functions.xent_mean);
-            mean.arg(&row_loss).arg(&loss).arg(&rows).arg(&scale);
+        let launched = unsafe {
+            launch(
+                &s,
+                &self.functions.xent_rows,
+                Self::blocks(rows),
+                &[&logits, &targets, &grad, &row_loss, &rows, &cols, &scale],
+            )
+        };
+        let launched = launched.and_then(|()| {
             // SAFETY: `xent_mean(const float*, float*, u32, float)`, one block of 256.
-            unsafe { mean.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))
+            unsafe { launch(&s, &self.functions.xent_mean, Self::blocks(1), &[&row_loss, &loss, &rows, &scale]) }
         });
         allocator.free(scratch)?;
-        launched.map(drop)
+        launched
     }
 
     // ---- optimisers ----
@@ -597,12 +580,27 @@ impl CudaKernels {
         let buf = momentum_buf.map(|buf| buf.into().check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
         let (nesterov, first) = (i32::from(sgd.nesterov), i32::from(first_step));
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.sgd_step);
-        launch.arg(&param).arg(&grad).arg(&buf).arg(&n);
-        launch.arg(&sgd.lr).arg(&sgd.momentum).arg(&sgd.dampening).arg(&sgd.weight_decay).arg(&nesterov).arg(&first);
         // SAFETY: `sgd_step(float*, const float*, float*, u64, float, float, float, float, int,
         // int)`; operands checked (the buffer is not read when momentum is 0).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(
+                &s,
+                &self.functions.sgd_step,
+                self.grid(n),
+                &[
+                    &param,
+                    &grad,
+                    &buf,
+                    &n,
+                    &sgd.lr,
+                    &sgd.momentum,
+                    &sgd.dampening,
+                    &sgd.weight_decay,
+                    &nesterov,
+                    &first,
+                ],
+            )
+        }
     }
 
     /// One Adam step ([`AdamStep`]).
@@ -618,11 +616,27 @@ impl CudaKernels {
         let m = exp_avg.into().check("exp_avg", n * 4)?;
         let v = exp_avg_sq.into().check("exp_avg_sq", n * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.adam_step);
-        launch.arg(&param).arg(&grad).arg(&m).arg(&v).arg(&n);
-        launch.arg(&step_size).arg(&adam.beta1).arg(&adam.beta2).arg(&adam.eps).arg(&adam.weight_decay).arg(&sqrt_bc2);
         // SAFETY: `adam_step(float*, const float*, float*, float*, u64, float x6)`; checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(
+                &s,
+                &self.functions.adam_step,
+                self.grid(n),
+                &[
+                    &param,
+                    &grad,
+                    &m,
+                    &v,
+                    &n,
+                    &step_size,
+                    &adam.beta1,
+                    &adam.beta2,
+                    &adam.eps,
+                    &adam.weight_decay,
+                    &sqrt_bc2,
+                ],
+            )
+        }
     }
 
     // ---- memory integrity ----
@@ -640,10 +654,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", words * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill_pattern);
-        launch.arg(&x).arg(&words).arg(&seed);
         // SAFETY: `cachalot_fill_pattern(u32*, u64, u64)`; x checked.
-        unsafe { launch.launch(self.grid(words)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill_pattern, self.grid(words), &[&x, &words, &seed]) }
     }
 
     /// Adds to the u32 counter `errors[0]` the number of words of `x` that differ from
@@ -661,10 +673,8 @@ impl CudaKernels {
         }
         let (x, errors) = (x.into().check("x", words * 4)?, errors.into().check("errors", 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.check_pattern);
-        launch.arg(&x).arg(&words).arg(&seed).arg(&errors);
         // SAFETY: `cachalot_check_pattern(const u32*, u64, u64, u32*)`; operands checked.
-        unsafe { launch.launch(self.grid(words)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.check_pattern, self.grid(words), &[&x, &words, &seed, &errors]) }
     }
 
     /// Keeps writing `pattern_word(seed, i)` over `x` for at least `duration` with `blocks`
@@ -682,10 +692,10 @@ impl CudaKernels {
         let x = x.into().check("x", words * 4)?;
         let nanoseconds = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.spin_fill_pattern);
-        launch.arg(&x).arg(&words).arg(&seed).arg(&nanoseconds);
         // SAFETY: `cachalot_spin_fill_pattern(u32*, u64, u64, u64)`; x checked.
-        unsafe { launch.launch(Self::blocks(blocks)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(&s, &self.functions.spin_fill_pattern, Self::blocks(blocks), &[&x, &words, &seed, &nanoseconds])
+        }
     }
 
     // ---- matrix products and the linear layer ----
@@ -788,6 +798,41 @@ impl CudaKernels {
         }
         Ok(())
     }
+}
+
+/// One argument of a kernel launch: anything cudarc passes by value to a kernel parameter
+/// (device addresses as `u64`, sizes, scalars).
+trait KernelArg {
+    /// Pushes `self` as the launch's next parameter.
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>);
+}
+
+impl<T: DeviceRepr> KernelArg for T {
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        launch.arg(self);
+    }
+}
+
+/// Launches `function` on `stream` with `config` and `args` in the kernel's parameter order:
+/// the one launch sequence of every kernel of this module.
+///
+/// # Safety
+///
+/// `args` must match the kernel's parameters in number, type and order, and every device
+/// address among them must reach memory that holds what the kernel touches under `config`
+/// (the callers check their operands first; each call states the kernel's signature).
+unsafe fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    config: LaunchConfig,
+    args: &[&dyn KernelArg],
+) -> Result<(), CudaError> {
+    let mut builder = stream.launch_builder(function);
+    for arg in args {
+        arg.push(&mut builder);
+    }
+    // SAFETY: the caller's contract (see above).
+    unsafe { builder.launch(config) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
 }
 
 impl StreamBlas {
