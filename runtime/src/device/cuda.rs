@@ -60,6 +60,18 @@ impl DeviceInfo for CudaDevice {
     }
 }
 
+/// `DeviceKernels` methods that hand their op, unchanged, to the `CudaKernels` method of the
+/// same name on [`STREAM`]. A macro because the methods differ only in name and op type: six
+/// copies of the same three lines would say nothing more (the ops that also take the
+/// allocator are written out).
+macro_rules! on_stream {
+    ($($name:ident($op:ty);)*) => {$(
+        fn $name(&mut self, op: $op) -> Result<(), RuntimeError> {
+            Ok(self.kernels.$name(STREAM, op)?)
+        }
+    )*};
+}
+
 impl DeviceKernels for CudaDevice {
     fn synchronize(&mut self) -> Result<(), RuntimeError> {
         Ok(self.allocator.backend().cuda().synchronize()?)
@@ -96,31 +108,16 @@ impl DeviceKernels for CudaDevice {
         Ok(self.kernels.matmul(&mut self.allocator, STREAM, op)?)
     }
 
-    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sum_rows(STREAM, op)?)
-    }
-
-    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation(STREAM, op)?)
-    }
-
-    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation_backward(STREAM, op)?)
-    }
-
-    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.mse(STREAM, op)?)
-    }
-
     fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError> {
         Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, op)?)
     }
 
-    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sgd_step(STREAM, op)?)
-    }
-
-    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError> {
-        Ok(self.kernels.adam_step(STREAM, op)?)
+    on_stream! {
+        sum_rows(SumRows<&Allocation>);
+        activation(ActivationForward<&Allocation>);
+        activation_backward(ActivationBackward<&Allocation>);
+        mse(Mse<&Allocation>);
+        sgd_step(SgdStep<&Allocation>);
+        adam_step(AdamStep<&Allocation>);
     }
 }
