@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cachalot_core::{Allocation, ContextId, DeviceFacts, Frame, Mark, MemoryStats, TraceEntry};
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
 use cachalot_trace::Snapshot;
 use cachalot_trace::snapshot::file::Timing;
@@ -600,7 +602,7 @@ impl Runtime {
         let mut outputs = self.with_outputs("mean", &[4, 2112, 4], &[&x.allocation], |inner, o| {
             let (out, staging, semaphore) = (&o[0], &o[1], &o[2]);
             inner.device.fill_u32(semaphore, 1, 0)?;
-            inner.device.mean(&x.allocation, staging, out, Mean { n })
+            inner.device.mean(Mean { x: &x.allocation, staging, out, n })
         })?;
         let mut inner = self.inner.borrow_mut();
         for a in [outputs.pop(), outputs.pop()].into_iter().flatten() {
@@ -624,7 +626,9 @@ impl Runtime {
             )));
         }
         let out = self.with_outputs("matmul", &[ec * 4], &[&a.allocation, &b.allocation], |inner, o| {
-            inner.within(WORKSPACE_FRAME, "matmul", |d| d.matmul(&a.allocation, &b.allocation, &o[0], shape, 0.0, None))
+            inner.within(WORKSPACE_FRAME, "matmul", |d| {
+                d.matmul(Matmul::new(&a.allocation, &b.allocation, &o[0], shape))
+            })
         })?;
         self.one(out, &[shape.m as usize, shape.n as usize])
     }
@@ -652,7 +656,8 @@ impl Runtime {
         let bytes = batch as u64 * outputs as u64 * 4;
         let out = self.with_outputs("linear", &[bytes], &operands, |inner, o| {
             inner.within(WORKSPACE_FRAME, "linear", |d| {
-                d.matmul(&x.allocation, &w.allocation, &o[0], shape, 0.0, b.map(|b| &b.allocation))
+                let bias = b.map(|b| &b.allocation);
+                d.matmul(Matmul { bias, ..Matmul::new(&x.allocation, &w.allocation, &o[0], shape) })
             })
         })?;
         self.one(out, &[batch as usize, outputs as usize])
@@ -682,14 +687,12 @@ impl Runtime {
             let out =
                 self.with_outputs("linear_backward", &[bytes], &[&dy.allocation, &w.allocation], |inner, o| {
                     inner.within(WORKSPACE_FRAME, "linear_backward", |d| {
-                        d.matmul(
+                        d.matmul(Matmul::new(
                             &dy.allocation,
                             &w.allocation,
                             &o[0],
                             MatmulShape::nn(batch, inputs, outputs),
-                            0.0,
-                            None,
-                        )
+                        ))
                     })
                 })?;
             Some(self.one(out, x.shape())?)
@@ -699,13 +702,14 @@ impl Runtime {
         let bytes = outputs as u64 * inputs as u64 * 4;
         let out = self.with_outputs("linear_backward", &[bytes], &[&dy.allocation, &x.allocation], |inner, o| {
             inner.within(WORKSPACE_FRAME, "linear_backward", |d| {
-                d.matmul(&dy.allocation, &x.allocation, &o[0], MatmulShape::tn(outputs, inputs, batch), 0.0, None)
+                d.matmul(Matmul::new(&dy.allocation, &x.allocation, &o[0], MatmulShape::tn(outputs, inputs, batch)))
             })
         })?;
         let dw = self.one(out, w.shape())?;
         let db = if bias {
             let out = self.with_outputs("linear_backward", &[outputs as u64 * 4], &[&dy.allocation], |inner, o| {
-                inner.device.sum_rows(&dy.allocation, &o[0], SumRows { rows: batch, cols: outputs, accumulate: false })
+                let sums = SumRows { x: &dy.allocation, out: &o[0], rows: batch, cols: outputs, accumulate: false };
+                inner.device.sum_rows(sums)
             })?;
             Some(self.one(out, &[outputs as usize])?)
         } else {
@@ -719,7 +723,7 @@ impl Runtime {
         self.check_owner(&[x])?;
         let n = x.numel();
         let out = self.with_outputs(act.name(), &[n * 4], &[&x.allocation], |inner, o| {
-            inner.device.activation(act, &x.allocation, &o[0], n)
+            inner.device.activation(ActivationForward { act, x: &x.allocation, y: &o[0], n })
         })?;
         self.one(out, x.shape())
     }
@@ -732,7 +736,13 @@ impl Runtime {
             return Err(RuntimeError::Shape(format!("activation backward: {:?} and {:?}", x.shape, dy.shape)));
         }
         let out = self.with_outputs(act.backward_entry(), &[n * 4], &[&x.allocation, &dy.allocation], |inner, o| {
-            inner.device.activation_backward(act, &x.allocation, &dy.allocation, &o[0], n)
+            inner.device.activation_backward(ActivationBackward {
+                act,
+                x: &x.allocation,
+                dy: &dy.allocation,
+                dx: &o[0],
+                n,
+            })
         })?;
         self.one(out, x.shape())
     }
@@ -745,7 +755,13 @@ impl Runtime {
             return Err(RuntimeError::Shape(format!("mse: {:?} and {:?}", pred.shape, target.shape)));
         }
         let mut out = self.with_outputs("mse", &[4, n * 4], &[&pred.allocation, &target.allocation], |inner, o| {
-            inner.device.mse(&pred.allocation, &target.allocation, &o[0], &o[1], Mse { n })
+            inner.device.mse(Mse {
+                pred: &pred.allocation,
+                target: &target.allocation,
+                loss: &o[0],
+                grad: Some(&o[1]),
+                n,
+            })
         })?;
         let grad = self.one(out.pop().into_iter().collect(), pred.shape())?;
         let loss = self.one(out, &[])?;
@@ -770,7 +786,8 @@ impl Runtime {
             &[&logits.allocation, &targets.allocation],
             |inner, o| {
                 inner.within(SCRATCH_FRAME, "cross_entropy", |d| {
-                    d.cross_entropy(&logits.allocation, &targets.allocation, &o[0], &o[1], CrossEntropy { rows, cols })
+                    let (logits, targets) = (&logits.allocation, &targets.allocation);
+                    d.cross_entropy(CrossEntropy { logits, targets, loss: &o[0], grad: &o[1], rows, cols })
                 })
             },
         )?;
@@ -797,8 +814,8 @@ impl Runtime {
             operands.push(&m.allocation);
         }
         self.in_place("sgd_step", &operands, |d| {
-            let args = SgdStep { n, sgd, first_step };
-            d.sgd_step(&param.allocation, &grad.allocation, momentum.map(|m| &m.allocation), args)
+            let momentum = momentum.map(|m| &m.allocation);
+            d.sgd_step(SgdStep { param: &param.allocation, grad: &grad.allocation, momentum, n, sgd, first_step })
         })
     }
 
@@ -816,8 +833,9 @@ impl Runtime {
         let n = param.numel();
         let operands = [&param.allocation, &grad.allocation, &exp_avg.allocation, &exp_avg_sq.allocation];
         self.in_place("adam_step", &operands, |d| {
-            let args = AdamStep { n, adam, step };
-            d.adam_step(&param.allocation, &grad.allocation, &exp_avg.allocation, &exp_avg_sq.allocation, args)
+            let (param, grad) = (&param.allocation, &grad.allocation);
+            let (exp_avg, exp_avg_sq) = (&exp_avg.allocation, &exp_avg_sq.allocation);
+            d.adam_step(AdamStep { param, grad, exp_avg, exp_avg_sq, n, adam, step })
         })
     }
 

@@ -1,17 +1,20 @@
-//! Every kernel op defined once: the arguments beyond its operands (sizes, shapes, scalars)
-//! and the checks of those arguments, with the message each failure reports.
+//! Every kernel op defined once: its operands, the arguments beyond them (sizes, shapes,
+//! scalars) and the checks of those arguments, with the message each failure reports.
 //!
-//! The CUDA kernels (`cachalot-cuda`), the WGSL kernel runner (`cachalot-wgpu`) and the
-//! runtime's simulator device (the CPU references of [`crate::cpu`]) take these structs and
-//! call their `validate` instead of keeping a copy of each check, so every backend refuses the
-//! same calls with the same words. Operands are the backend's own handles and are checked by
-//! the backend (each holds what the op touches).
+//! Each struct is generic over the operand handle `T`: the runtime passes `&Allocation`, the
+//! CUDA kernels anything that converts into a `DeviceSpan`, the WGSL runner `&Allocation`.
+//! A kernel method then takes one value (`matmul(op: Matmul<T>)`), so no backend spells the
+//! op's parameter list again. The CUDA kernels (`cachalot-cuda`), the WGSL kernel runner
+//! (`cachalot-wgpu`) and the runtime's simulator device (the CPU references of
+//! [`crate::cpu`]) call the struct's `validate` instead of keeping a copy of each check, so
+//! every backend refuses the same calls with the same words. Operands are checked by the
+//! backend (each handle holds what the op touches).
 //!
-//! Adding an op: its struct and checks here, its WGSL in `wgsl/` and CUDA C in
-//! `cuda/kernels.cu`, its CPU reference in `cpu.rs`, then one kernel method per backend and
-//! one method of the runtime's `DeviceKernels` trait.
+//! Adding an op: its struct (operands and arguments) and checks here, its WGSL in `wgsl/` and
+//! CUDA C in `cuda/kernels.cu`, its CPU reference in `cpu.rs`, then one kernel method per
+//! backend and one method of the runtime's `DeviceKernels` trait, each taking the struct.
 
-use crate::{Adam, Sgd};
+use crate::{Adam, MatmulShape, Sgd};
 
 /// Arguments a kernel op refuses, whatever the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +70,59 @@ impl Activation {
     }
 }
 
+/// `y = act(x)` for `n` elements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActivationForward<T> {
+    /// Which activation.
+    pub act: Activation,
+    /// The input.
+    pub x: T,
+    /// The output.
+    pub y: T,
+    /// Elements of `x` and `y`.
+    pub n: u64,
+}
+
+/// `dx = act'(x) · dy` for `n` elements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActivationBackward<T> {
+    /// Which activation.
+    pub act: Activation,
+    /// The forward input.
+    pub x: T,
+    /// The gradient of the output.
+    pub dy: T,
+    /// The gradient of the input (written).
+    pub dx: T,
+    /// Elements of every operand.
+    pub n: u64,
+}
+
+/// `C = op(A) · op(B) (+ beta · C) (+ bias)`; layouts in [`MatmulShape`] (row-major).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Matmul<T> {
+    /// `A`.
+    pub a: T,
+    /// `B`.
+    pub b: T,
+    /// `C` (written; read when `beta != 0`).
+    pub c: T,
+    /// Sizes and transposes.
+    pub shape: MatmulShape,
+    /// Scale of the existing `C` added to the product: 0 overwrites `C` (its old contents are
+    /// not read), 1 accumulates (e.g. into a gradient).
+    pub beta: f32,
+    /// `bias[n]` added to every row of `C`.
+    pub bias: Option<T>,
+}
+
+impl<T> Matmul<T> {
+    /// `C = op(A) · op(B)`: no accumulation, no bias.
+    pub fn new(a: T, b: T, c: T, shape: MatmulShape) -> Self {
+        Matmul { a, b, c, shape, beta: 0.0, bias: None }
+    }
+}
+
 /// `1 / count` rounded once from f64, as PyTorch computes a mean's scale in Python floats.
 fn reciprocal(count: u64) -> f32 {
     (1.0 / count as f64) as f32
@@ -74,12 +130,18 @@ fn reciprocal(count: u64) -> f32 {
 
 /// `out[0] = mean(x[0..n])`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mean {
+pub struct Mean<T> {
+    /// The input.
+    pub x: T,
+    /// PyTorch's reduction scratch (2,112 bytes), for the partial sums.
+    pub staging: T,
+    /// The result, one element.
+    pub out: T,
     /// Elements of `x`.
     pub n: u64,
 }
 
-impl Mean {
+impl<T> Mean<T> {
     /// Refuses an empty mean.
     pub fn validate(&self) -> Result<(), OpError> {
         if self.n == 0 {
@@ -96,7 +158,11 @@ impl Mean {
 
 /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SumRows {
+pub struct SumRows<T> {
+    /// The input, `[rows, cols]`.
+    pub x: T,
+    /// The column sums, `cols` elements.
+    pub out: T,
     /// Rows of `x`.
     pub rows: u32,
     /// Columns of `x`, elements of `out`.
@@ -105,7 +171,7 @@ pub struct SumRows {
     pub accumulate: bool,
 }
 
-impl SumRows {
+impl<T> SumRows<T> {
     /// Elements of `x`.
     pub fn elements(&self) -> u64 {
         u64::from(self.rows) * u64::from(self.cols)
@@ -115,15 +181,23 @@ impl SumRows {
 /// Mean squared error of `n` predictions, `loss[0] = mean((pred - target)²)`, and its
 /// gradient `grad = 2 (pred - target) / n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mse {
+pub struct Mse<T> {
+    /// The predictions.
+    pub pred: T,
+    /// The targets.
+    pub target: T,
+    /// The loss, one element.
+    pub loss: T,
+    /// The gradient of the loss by `pred`; computed only when given.
+    pub grad: Option<T>,
     /// Elements of `pred`, `target` and `grad`.
     pub n: u64,
 }
 
-impl Mse {
+impl<T> Mse<T> {
     /// Refuses an empty loss (its mean is undefined).
     pub fn validate(&self) -> Result<(), OpError> {
-        Mean { n: self.n }.validate()
+        Mean { x: (), staging: (), out: (), n: self.n }.validate()
     }
 
     /// The factor of the loss's sum, `1 / n`.
@@ -142,14 +216,22 @@ impl Mse {
 /// `[0, cols)` makes the loss NaN. The kernels take a scratch row of `rows` f32 from the
 /// allocator for the per-row losses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CrossEntropy {
+pub struct CrossEntropy<T> {
+    /// The logits, `[rows, cols]`.
+    pub logits: T,
+    /// The class of each row (u32).
+    pub targets: T,
+    /// The loss, one element.
+    pub loss: T,
+    /// The gradient of the loss by `logits`.
+    pub grad: T,
     /// Rows (samples).
     pub rows: u32,
     /// Columns (classes).
     pub cols: u32,
 }
 
-impl CrossEntropy {
+impl<T> CrossEntropy<T> {
     /// Refuses a loss with no row or no class.
     pub fn validate(&self) -> Result<(), OpError> {
         if self.rows == 0 || self.cols == 0 {
@@ -171,7 +253,13 @@ impl CrossEntropy {
 
 /// One `torch.optim.SGD` step on `n` parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdStep {
+pub struct SgdStep<T> {
+    /// The parameter (updated).
+    pub param: T,
+    /// Its gradient.
+    pub grad: T,
+    /// The momentum buffer (updated), needed when `sgd.momentum != 0`.
+    pub momentum: Option<T>,
     /// Elements of the parameter, its gradient and its momentum buffer.
     pub n: u64,
     /// The hyper-parameters.
@@ -181,10 +269,10 @@ pub struct SgdStep {
     pub first_step: bool,
 }
 
-impl SgdStep {
-    /// Refuses momentum without a buffer; `has_momentum_buffer` says whether the call passed one.
-    pub fn validate(&self, has_momentum_buffer: bool) -> Result<(), OpError> {
-        if self.sgd.momentum != 0.0 && !has_momentum_buffer {
+impl<T> SgdStep<T> {
+    /// Refuses momentum without a buffer.
+    pub fn validate(&self) -> Result<(), OpError> {
+        if self.sgd.momentum != 0.0 && self.momentum.is_none() {
             return Err(OpError::MissingMomentumBuffer);
         }
         Ok(())
@@ -193,7 +281,15 @@ impl SgdStep {
 
 /// One `torch.optim.Adam` step on `n` parameters, updating both moments.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamStep {
+pub struct AdamStep<T> {
+    /// The parameter (updated).
+    pub param: T,
+    /// Its gradient.
+    pub grad: T,
+    /// The first moment (updated).
+    pub exp_avg: T,
+    /// The second moment (updated).
+    pub exp_avg_sq: T,
     /// Elements of the parameter, its gradient and both moments.
     pub n: u64,
     /// The hyper-parameters.
@@ -202,7 +298,7 @@ pub struct AdamStep {
     pub step: u32,
 }
 
-impl AdamStep {
+impl<T> AdamStep<T> {
     /// Refuses step 0.
     pub fn validate(&self) -> Result<(), OpError> {
         if self.step == 0 {
@@ -221,35 +317,56 @@ impl AdamStep {
 mod tests {
     use super::*;
 
+    fn mean(n: u64) -> Mean<()> {
+        Mean { x: (), staging: (), out: (), n }
+    }
+
+    fn mse(n: u64) -> Mse<()> {
+        Mse { pred: (), target: (), loss: (), grad: Some(()), n }
+    }
+
+    fn cross_entropy(rows: u32, cols: u32) -> CrossEntropy<()> {
+        CrossEntropy { logits: (), targets: (), loss: (), grad: (), rows, cols }
+    }
+
+    fn sgd(sgd: Sgd, momentum: bool) -> SgdStep<()> {
+        SgdStep { param: (), grad: (), momentum: momentum.then_some(()), n: 4, sgd, first_step: true }
+    }
+
+    fn adam(step: u32) -> AdamStep<()> {
+        AdamStep { param: (), grad: (), exp_avg: (), exp_avg_sq: (), n: 4, adam: Adam::default(), step }
+    }
+
     /// The messages are the ones every backend reported before the checks moved here; the
     /// command line's outputs depend on them byte for byte.
     #[test]
     fn refusals_say_why() {
         let message = |r: Result<(), OpError>| r.map_err(|e| e.to_string()).err();
-        assert_eq!(message(Mean { n: 0 }.validate()).as_deref(), Some("the mean of no elements is undefined"));
-        assert_eq!(message(Mse { n: 0 }.validate()).as_deref(), Some("the mean of no elements is undefined"));
+        assert_eq!(message(mean(0).validate()).as_deref(), Some("the mean of no elements is undefined"));
+        assert_eq!(message(mse(0).validate()).as_deref(), Some("the mean of no elements is undefined"));
         for (rows, cols) in [(0, 3), (3, 0)] {
             assert_eq!(
-                message(CrossEntropy { rows, cols }.validate()).as_deref(),
+                message(cross_entropy(rows, cols).validate()).as_deref(),
                 Some("cross-entropy needs at least one row and one class")
             );
         }
         let momentum = Sgd { momentum: 0.9, ..Sgd::new(0.1) };
-        let sgd = SgdStep { n: 4, sgd: momentum, first_step: true };
-        assert_eq!(message(sgd.validate(false)).as_deref(), Some("SGD with momentum needs a momentum buffer"));
-        let adam = AdamStep { n: 4, adam: Adam::default(), step: 0 };
-        assert_eq!(message(adam.validate()).as_deref(), Some("Adam steps are counted from 1"));
+        assert_eq!(
+            message(sgd(momentum, false).validate()).as_deref(),
+            Some("SGD with momentum needs a momentum buffer")
+        );
+        assert_eq!(message(adam(0).validate()).as_deref(), Some("Adam steps are counted from 1"));
     }
 
     #[test]
     fn valid_arguments_pass() {
-        assert_eq!(Mean { n: 1 }.validate(), Ok(()));
-        assert_eq!(Mse { n: 1 }.validate(), Ok(()));
-        assert_eq!(CrossEntropy { rows: 1, cols: 1 }.validate(), Ok(()));
+        assert_eq!(mean(1).validate(), Ok(()));
+        assert_eq!(mse(1).validate(), Ok(()));
+        assert_eq!(cross_entropy(1, 1).validate(), Ok(()));
         let momentum = Sgd { momentum: 0.9, ..Sgd::new(0.1) };
-        assert_eq!(SgdStep { n: 4, sgd: momentum, first_step: false }.validate(true), Ok(()));
-        assert_eq!(SgdStep { n: 4, sgd: Sgd::new(0.1), first_step: false }.validate(false), Ok(()));
-        assert_eq!(AdamStep { n: 4, adam: Adam::default(), step: 1 }.validate(), Ok(()));
+        assert_eq!(sgd(momentum, true).validate(), Ok(()));
+        assert_eq!(sgd(Sgd::new(0.1), false).validate(), Ok(()));
+        assert_eq!(adam(1).validate(), Ok(()));
     }
 
     #[test]
@@ -268,10 +385,10 @@ mod tests {
 
     #[test]
     fn scales_are_rounded_once_from_f64() {
-        assert_eq!(Mean { n: 3 }.scale(), (1.0f64 / 3.0) as f32);
-        assert_eq!(Mse { n: 3 }.grad_scale(), (2.0f64 / 3.0) as f32);
-        assert_eq!(CrossEntropy { rows: 7, cols: 2 }.scale(), (1.0f64 / 7.0) as f32);
-        assert_eq!(CrossEntropy { rows: 7, cols: 2 }.elements(), 14);
-        assert_eq!(SumRows { rows: 5, cols: 6, accumulate: false }.elements(), 30);
+        assert_eq!(mean(3).scale(), (1.0f64 / 3.0) as f32);
+        assert_eq!(mse(3).grad_scale(), (2.0f64 / 3.0) as f32);
+        assert_eq!(cross_entropy(7, 2).scale(), (1.0f64 / 7.0) as f32);
+        assert_eq!(cross_entropy(7, 2).elements(), 14);
+        assert_eq!(SumRows { x: (), out: (), rows: 5, cols: 6, accumulate: false }.elements(), 30);
     }
 }

@@ -99,31 +99,32 @@ fn b_vec(row: u32, col: u32, rows: u32, cols: u32) -> vec4<f32> {
                      b_elem(row, col + 2u, rows, cols), b_elem(row, col + 3u, rows, cols));
 }
 
+// Where the v-th vec4 of a tile stored with `row_vecs` vec4s a row starts: (row, column).
+fn tile_at(v: u32, row_vecs: u32) -> vec2<u32> {
+    return vec2<u32>(v / row_vecs, (v % row_vecs) * 4u);
+}
+
 // Fetches the j-th vec4 this invocation moves of the A tile starting at depth k0.
 fn fetch_a(v: u32, m0: u32, k0: u32) -> vec4<f32> {
     if (TRANS_A) {
         // Stored [K, M]: the tile is BK rows of BM/4 vec4s along M.
-        let r = v / (BM / 4u);
-        let cv = (v % (BM / 4u)) * 4u;
-        return a_vec(k0 + r, m0 + cv, p.k, p.m);
+        let at = tile_at(v, BM / 4u);
+        return a_vec(k0 + at.x, m0 + at.y, p.k, p.m);
     }
     // Stored [M, K]: BM rows of BK/4 vec4s along K.
-    let r = v / (BK / 4u);
-    let cv = (v % (BK / 4u)) * 4u;
-    return a_vec(m0 + r, k0 + cv, p.m, p.k);
+    let at = tile_at(v, BK / 4u);
+    return a_vec(m0 + at.x, k0 + at.y, p.m, p.k);
 }
 
 fn fetch_b(v: u32, n0: u32, k0: u32) -> vec4<f32> {
     if (TRANS_B) {
         // Stored [N, K]: BN rows of BK/4 vec4s along K.
-        let r = v / (BK / 4u);
-        let cv = (v % (BK / 4u)) * 4u;
-        return b_vec(n0 + r, k0 + cv, p.n, p.k);
+        let at = tile_at(v, BK / 4u);
+        return b_vec(n0 + at.x, k0 + at.y, p.n, p.k);
     }
     // Stored [K, N]: BK rows of BN/4 vec4s along N.
-    let r = v / (BN / 4u);
-    let cv = (v % (BN / 4u)) * 4u;
-    return b_vec(k0 + r, n0 + cv, p.k, p.n);
+    let at = tile_at(v, BN / 4u);
+    return b_vec(k0 + at.x, n0 + at.y, p.k, p.n);
 }
 
 // Stores a fetched vec4 into shared tile `buf` as [k][m] (A) or [k][n] (B).

@@ -23,6 +23,14 @@
 @group(0) @binding(3) var<storage, read_write> exp_avg_sq: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 
+// The gradient with L2 weight decay added, as torch.optim adds it before the update.
+fn decayed_grad(i: u32, weight_decay: f32) -> f32 {
+    if (weight_decay != 0.0) {
+        return grad[i] + weight_decay * param[i];
+    }
+    return grad[i];
+}
+
 @compute @workgroup_size(WG)
 fn sgd_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
             @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -34,10 +42,7 @@ fn sgd_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) group
     let momentum = p.f0.y;
     let dampening = p.f0.z;
     let weight_decay = p.f0.w;
-    var g = grad[i];
-    if (weight_decay != 0.0) {
-        g = g + weight_decay * param[i];
-    }
+    var g = decayed_grad(i, weight_decay);
     if (momentum != 0.0) {
         var buf = g;
         if (p.f1.x == 0.0) {
@@ -66,10 +71,7 @@ fn adam_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) grou
     let eps = p.f0.w;
     let weight_decay = p.f1.x;
     let sqrt_bc2 = p.f1.y;
-    var g = grad[i];
-    if (weight_decay != 0.0) {
-        g = g + weight_decay * param[i];
-    }
+    var g = decayed_grad(i, weight_decay);
     let m = exp_avg[i] + (1.0 - beta1) * (g - exp_avg[i]);
     let v = beta2 * exp_avg_sq[i] + (1.0 - beta2) * g * g;
     exp_avg[i] = m;

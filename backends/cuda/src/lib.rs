@@ -21,13 +21,13 @@
 //! ```no_run
 //! use cachalot_core::{AllocatorConfig, StreamId};
 //! use cachalot_cuda::{CudaKernels, caching_allocator};
-//! use cachalot_shaders::ops::Activation;
+//! use cachalot_shaders::ops::{Activation, ActivationForward};
 //!
 //! let mut allocator = caching_allocator(0, AllocatorConfig::default())?;
 //! let kernels = CudaKernels::new(allocator.backend().cuda())?;
 //! let x = allocator.malloc(1024 * 4, StreamId::DEFAULT)?;
 //! kernels.fill(StreamId::DEFAULT, &x, 1024, 0.5)?;
-//! kernels.activation(StreamId::DEFAULT, Activation::Gelu, &x, &x, 1024)?;
+//! kernels.activation(StreamId::DEFAULT, ActivationForward { act: Activation::Gelu, x: &x, y: &x, n: 1024 })?;
 //! let y: Vec<f32> = kernels.read(StreamId::DEFAULT, &x, 1024)?;
 //! println!("{}", y[0]);
 //! allocator.free(x)?;
@@ -50,8 +50,7 @@ pub use device::{CudaDevice, cublas_libraries_present, device_count, driver_libr
 pub use error::CudaError;
 pub use kernels::{
     BACKEND_KERNELS, CUBLAS_WORKSPACE_DEFAULT, CUBLAS_WORKSPACE_LARGE, CUBLASLT_WORKSPACE_DEFAULT, CudaKernels,
-    DeviceSpan, MatmulOptions, SUM_PARTIALS, Workspace, WorkspaceKind, WorkspaceSizes, parse_cublas_workspace_config,
-    pattern_word,
+    DeviceSpan, SUM_PARTIALS, Workspace, WorkspaceKind, WorkspaceSizes, parse_cublas_workspace_config, pattern_word,
 };
 
 /// The variable that makes GPU tests fail instead of skipping when no CUDA device is usable.

@@ -19,8 +19,9 @@ use std::time::Instant;
 use cachalot_core::StreamId;
 use cachalot_shaders::MatmulShape;
 use cachalot_shaders::cpu::Rng;
+use cachalot_shaders::ops::Matmul;
 use cachalot_shaders::wgsl::MatmulTile;
-use cachalot_wgpu::{Kernels, MatmulOptions, WgpuConfig, WgpuContext};
+use cachalot_wgpu::{Kernels, WgpuConfig, WgpuContext};
 
 struct Options {
     sizes: Vec<u32>,
@@ -126,7 +127,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                     format!("{}x{}x{}{}", used.bm, used.bn, used.bk, if tile.is_none() { " (auto)" } else { "" });
                 // Warm-up: pipeline compilation and first-touch of the buffers.
                 let mut batch = kernels.batch(&mut allocator);
-                if let Err(error) = batch.matmul(&a, &b, &c, shape, MatmulOptions::default()) {
+                if let Err(error) = batch.matmul(Matmul::new(&a, &b, &c, shape)) {
                     println!("{n:>6}  {label:<20} skipped: {error}");
                     continue;
                 }
@@ -142,7 +143,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 for _ in 0..3 {
                     let mut batch = kernels.batch(&mut allocator);
                     for _ in 0..iters {
-                        batch.matmul(&a, &b, &c, shape, MatmulOptions::default())?;
+                        batch.matmul(Matmul::new(&a, &b, &c, shape))?;
                     }
                     let encoded = batch.encode()?;
                     let start = Instant::now();

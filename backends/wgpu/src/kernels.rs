@@ -1,16 +1,18 @@
 //! The kernel runner: WGSL kernels dispatched on allocations of a
 //! `CachingAllocator<WgpuBackend>`, batched into one submission.
 //!
-//! An op's arguments beyond its operands are its struct from `cachalot_shaders::ops`, whose
-//! `validate` is the one check of those arguments on every backend; the runner checks the
-//! operands (handles, sizes, binding limits).
+//! An op is its struct from `cachalot_shaders::ops` (operands and arguments), whose `validate`
+//! is the one check of its arguments on every backend; the runner checks the operands
+//! (handles, sizes, binding limits).
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use cachalot_core::{Allocation, CachingAllocator, StreamId};
 use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
+};
 use cachalot_shaders::wgsl::{self, MatmulTile, Module};
 
 use crate::backend::WgpuBackend;
@@ -71,16 +73,6 @@ enum Op {
     Copy { src: Binding, dst: Binding },
 }
 
-/// Options of a matrix product beyond its operands.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MatmulOptions<'a> {
-    /// Scale of the existing `C` added to the product: 0 overwrites `C` (its old contents are
-    /// not read), 1 accumulates (e.g. into a gradient).
-    pub beta: f32,
-    /// `bias[n]` added to every row of `C`.
-    pub bias: Option<&'a Allocation>,
-}
-
 /// Dispatches the WGSL kernels of `cachalot-shaders` on allocations.
 ///
 /// Cheap to clone (it holds the shared [`WgpuContext`]). Work is recorded into a
@@ -91,7 +83,8 @@ pub struct MatmulOptions<'a> {
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use cachalot_core::{AllocatorConfig, CachingAllocator, StreamId};
 /// use cachalot_shaders::MatmulShape;
-/// use cachalot_wgpu::{Kernels, MatmulOptions, WgpuBackend, WgpuConfig, WgpuContext};
+/// use cachalot_shaders::ops::Matmul;
+/// use cachalot_wgpu::{Kernels, WgpuBackend, WgpuConfig, WgpuContext};
 ///
 /// let context = WgpuContext::request_blocking(WgpuConfig::default())?;
 /// let mut allocator = CachingAllocator::new(WgpuBackend::new(context.clone()), AllocatorConfig::default())?;
@@ -104,7 +97,7 @@ pub struct MatmulOptions<'a> {
 /// let mut batch = kernels.batch(&mut allocator);
 /// batch.upload_f32(&a, &vec![1.0; 64 * 32])?;
 /// batch.upload_f32(&b, &vec![0.5; 32 * 16])?;
-/// batch.matmul(&a, &b, &c, MatmulShape::nn(64, 16, 32), MatmulOptions::default())?;
+/// batch.matmul(Matmul::new(&a, &b, &c, MatmulShape::nn(64, 16, 32)))?;
 /// let result = batch.read_f32(&c, 64 * 16)?;
 /// batch.submit()?;
 /// assert_eq!(result.wait_f32()?[0], 16.0);
@@ -344,20 +337,14 @@ impl<'a> KernelBatch<'a> {
     // ---- matrix products and the linear layer ----
 
     /// `C = op(A) · op(B) (+ beta · C) (+ bias)`; layouts in [`MatmulShape`].
-    pub fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        options: MatmulOptions<'_>,
-    ) -> Result<(), KernelError> {
+    pub fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), KernelError> {
+        let Matmul { a, b, c, shape, beta, bias } = op;
         if shape.is_empty() {
             return Ok(());
         }
         let (ea, eb, ec) = shape.elements();
         let mut bindings = vec![self.whole("a", a, ea * 4)?, self.whole("b", b, eb * 4)?, self.whole("c", c, ec * 4)?];
-        match options.bias {
+        match bias {
             Some(bias) => bindings.push(self.whole("bias", bias, shape.n as u64 * 4)?),
             // Never read: any valid range will do.
             None => bindings.push(bindings[2].clone()),
@@ -367,7 +354,7 @@ impl<'a> KernelBatch<'a> {
         let vec = (if trans_a { m } else { k }) % 4 == 0 && (if trans_b { k } else { n }) % 4 == 0 && n % 4 == 0;
         let tile = self.kernels.matmul_tile(m, n);
         let kernel =
-            self.context().kernel(PipelineKey::Matmul { tile, trans_a, trans_b, bias: options.bias.is_some(), vec })?;
+            self.context().kernel(PipelineKey::Matmul { tile, trans_a, trans_b, bias: bias.is_some(), vec })?;
         let (gx, gy) = tile.workgroups(m, n);
         let max = self.context().limits().max_compute_workgroups_per_dimension;
         if gx > max || gy > max {
@@ -375,7 +362,7 @@ impl<'a> KernelBatch<'a> {
                 "a {m} x {n} product needs {gx} x {gy} workgroups, over max_compute_workgroups_per_dimension ({max})"
             )));
         }
-        let params = MatmulParams { m, n, k, beta: options.beta };
+        let params = MatmulParams { m, n, k, beta };
         self.ops.push(Op::Dispatch {
             kernel,
             bindings,
@@ -397,7 +384,7 @@ impl<'a> KernelBatch<'a> {
         inputs: u32,
         outputs: u32,
     ) -> Result<(), KernelError> {
-        self.matmul(x, w, y, MatmulShape::nt(batch, outputs, inputs), MatmulOptions { beta: 0.0, bias })
+        self.matmul(Matmul { bias, ..Matmul::new(x, w, y, MatmulShape::nt(batch, outputs, inputs)) })
     }
 
     /// Linear layer backward from `dy[batch, out]`: `dx = dy · w` (if wanted),
@@ -418,12 +405,12 @@ impl<'a> KernelBatch<'a> {
         accumulate: bool,
     ) -> Result<(), KernelError> {
         if let Some(dx) = dx {
-            self.matmul(dy, w, dx, MatmulShape::nn(batch, inputs, outputs), MatmulOptions::default())?;
+            self.matmul(Matmul::new(dy, w, dx, MatmulShape::nn(batch, inputs, outputs)))?;
         }
         let beta = if accumulate { 1.0 } else { 0.0 };
-        self.matmul(dy, x, dw, MatmulShape::tn(outputs, inputs, batch), MatmulOptions { beta, bias: None })?;
+        self.matmul(Matmul { beta, ..Matmul::new(dy, x, dw, MatmulShape::tn(outputs, inputs, batch)) })?;
         if let Some(db) = db {
-            self.sum_rows(dy, db, SumRows { rows: batch, cols: outputs, accumulate })?;
+            self.sum_rows(SumRows { x: dy, out: db, rows: batch, cols: outputs, accumulate })?;
         }
         Ok(())
     }
@@ -442,19 +429,14 @@ impl<'a> KernelBatch<'a> {
     }
 
     /// `y = act(x)` (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
-    pub fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), KernelError> {
+    pub fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), KernelError> {
+        let ActivationForward { act, x, y, n } = op;
         self.elementwise(Module::Elementwise, act.forward_entry(), &[("x", x), ("y", y)], &[], n, Params::default())
     }
 
     /// `dx = act'(x) · dy` (ReLU: `dy` where `x > 0`, else 0; GELU: `dy · (Φ(x) + x · φ(x))`).
-    pub fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), KernelError> {
+    pub fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), KernelError> {
+        let ActivationBackward { act, x, dy, dx, n } = op;
         let operands = [("x", x), ("dy", dy), ("dx", dx)];
         self.elementwise(Module::Elementwise, act.backward_entry(), &operands, &[], n, Params::default())
     }
@@ -470,13 +452,13 @@ impl<'a> KernelBatch<'a> {
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
-    pub fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), KernelError> {
-        let SumRows { rows, cols, accumulate } = args;
+    pub fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), KernelError> {
+        let SumRows { x, out, rows, cols, accumulate } = op;
         if cols == 0 {
             return Ok(());
         }
         let kernel = self.entry(Module::Elementwise, "sum_rows")?;
-        let x = self.whole("x", x, args.elements() * 4)?;
+        let x = self.whole("x", x, op.elements() * 4)?;
         let out = self.whole("out", out, cols as u64 * 4)?;
         let f0 = [if accumulate { 1.0 } else { 0.0 }, 0.0, 0.0, 0.0];
         let params = Params { rows, cols, f0, ..Params::default() };
@@ -488,16 +470,9 @@ impl<'a> KernelBatch<'a> {
     // ---- losses ----
 
     /// Mean squared error ([`Mse`]); the gradient only if `grad` is given.
-    pub fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: Option<&Allocation>,
-        args: Mse,
-    ) -> Result<(), KernelError> {
-        args.validate()?;
-        let n = args.n;
+    pub fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), KernelError> {
+        op.validate()?;
+        let Mse { pred, target, loss, grad, n } = op;
         if n > u32::MAX as u64 {
             return Err(KernelError::InvalidArguments(format!("{n} elements are more than one reduction counts")));
         }
@@ -505,10 +480,10 @@ impl<'a> KernelBatch<'a> {
         let p = self.whole("pred", pred, n * 4)?;
         let t = self.whole("target", target, n * 4)?;
         let l = self.whole("loss", loss, 4)?;
-        let params = Params { n: n as u32, f0: [args.loss_scale(), 0.0, 0.0, 0.0], ..Params::default() };
+        let params = Params { n: n as u32, f0: [op.loss_scale(), 0.0, 0.0, 0.0], ..Params::default() };
         self.dispatch(kernel, vec![p.clone(), t.clone(), p, l], bytemuck::bytes_of(&params), 1)?;
         if let Some(grad) = grad {
-            let params = Params { f0: [args.grad_scale(), 0.0, 0.0, 0.0], ..Params::default() };
+            let params = Params { f0: [op.grad_scale(), 0.0, 0.0, 0.0], ..Params::default() };
             let operands = [("pred", pred), ("target", target), ("grad", grad)];
             self.elementwise(Module::Mse, "mse_grad", &operands, &[], n, params)?;
         }
@@ -517,19 +492,12 @@ impl<'a> KernelBatch<'a> {
 
     /// Softmax cross-entropy ([`CrossEntropy`]). Takes a scratch block of `rows` f32 from the
     /// allocator for the per-row losses.
-    pub fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), KernelError> {
-        args.validate()?;
-        let CrossEntropy { rows, cols } = args;
+    pub fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), KernelError> {
+        op.validate()?;
+        let CrossEntropy { logits, targets, loss, grad, rows, cols } = op;
         let rows_kernel = self.entry(Module::CrossEntropy, "xent_rows")?;
         let mean_kernel = self.entry(Module::CrossEntropy, "xent_mean")?;
-        let elements = args.elements();
+        let elements = op.elements();
         let bindings = vec![
             self.whole("logits", logits, elements * 4)?,
             self.whole("targets", targets, rows as u64 * 4)?,
@@ -540,23 +508,17 @@ impl<'a> KernelBatch<'a> {
         let mut bindings = bindings;
         bindings.push(self.whole("row_loss", &row_loss, rows as u64 * 4)?);
         bindings.push(self.whole("loss", loss, 4)?);
-        let params = Params { rows, cols, f0: [args.scale(), 0.0, 0.0, 0.0], ..Params::default() };
+        let params = Params { rows, cols, f0: [op.scale(), 0.0, 0.0, 0.0], ..Params::default() };
         self.dispatch(rows_kernel, bindings.clone(), bytemuck::bytes_of(&params), rows as u64)?;
         self.dispatch(mean_kernel, bindings, bytemuck::bytes_of(&params), 1)
     }
 
     // ---- optimisers ----
 
-    /// One SGD step ([`SgdStep`]); `momentum_buf` is needed when `sgd.momentum != 0`.
-    pub fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum_buf: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), KernelError> {
-        args.validate(momentum_buf.is_some())?;
-        let SgdStep { n, sgd, first_step } = args;
+    /// One SGD step ([`SgdStep`]); the momentum buffer is needed when `sgd.momentum != 0`.
+    pub fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), KernelError> {
+        op.validate()?;
+        let SgdStep { param, grad, momentum: momentum_buf, n, sgd, first_step } = op;
         let f0 = [sgd.lr, sgd.momentum, sgd.dampening, sgd.weight_decay];
         let f1 = [f32::from(u8::from(first_step)), f32::from(u8::from(sgd.nesterov)), 0.0, 0.0];
         let params = Params { f0, f1, ..Params::default() };
@@ -567,17 +529,10 @@ impl<'a> KernelBatch<'a> {
     }
 
     /// One Adam step ([`AdamStep`]).
-    pub fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), KernelError> {
-        args.validate()?;
-        let AdamStep { n, adam, .. } = args;
-        let (step_size, sqrt_bc2) = args.constants();
+    pub fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), KernelError> {
+        op.validate()?;
+        let AdamStep { param, grad, exp_avg, exp_avg_sq, n, adam, .. } = op;
+        let (step_size, sqrt_bc2) = op.constants();
         let params = Params {
             f0: [step_size, adam.beta1, adam.beta2, adam.eps],
             f1: [adam.weight_decay, sqrt_bc2, 0.0, 0.0],

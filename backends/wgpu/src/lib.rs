@@ -24,7 +24,7 @@
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use cachalot_core::{AllocatorConfig, StreamId};
-//! use cachalot_shaders::ops::Activation;
+//! use cachalot_shaders::ops::{Activation, ActivationForward};
 //! use cachalot_wgpu::{Kernels, WgpuConfig, WgpuContext};
 //!
 //! let context = WgpuContext::request_blocking(WgpuConfig::with_capacity(1 << 30))?;
@@ -33,7 +33,7 @@
 //! let x = allocator.malloc(1024 * 4, StreamId::DEFAULT)?;
 //! let mut batch = kernels.batch(&mut allocator);
 //! batch.fill(&x, 1024, 0.5)?;
-//! batch.activation(Activation::Gelu, &x, &x, 1024)?;
+//! batch.activation(ActivationForward { act: Activation::Gelu, x: &x, y: &x, n: 1024 })?;
 //! let y = batch.read_f32(&x, 1024)?;
 //! batch.submit()?;
 //! println!("{}", y.wait_f32()?[0]);
@@ -57,7 +57,7 @@ use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator};
 pub use backend::{BufferRange, QueueEvent, WgpuBackend};
 pub use context::{DEFAULT_CAPACITY, WgpuConfig, WgpuContext};
 pub use error::{KernelError, WgpuError};
-pub use kernels::{EncodedBatch, KernelBatch, Kernels, MatmulOptions, QUEUE_STREAM};
+pub use kernels::{EncodedBatch, KernelBatch, Kernels, QUEUE_STREAM};
 pub use readback::Readback;
 
 /// Alignment of every block address (PyTorch rounds block sizes to 512 bytes), which the

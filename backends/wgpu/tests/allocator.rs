@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cachalot_core::{AllocatorError, Backend, HandleError, StreamId};
 use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::Activation;
-use cachalot_wgpu::{KernelError, Kernels, MatmulOptions, QUEUE_STREAM, WgpuConfig, WgpuContext};
+use cachalot_shaders::ops::{Activation, ActivationForward, Matmul};
+use cachalot_wgpu::{KernelError, Kernels, QUEUE_STREAM, WgpuConfig, WgpuContext};
 use common::{read, upload};
 
 const MIB: u64 = 1 << 20;
@@ -80,7 +80,7 @@ fn freed_block_is_not_reused_before_its_submission_completes() {
         let c = allocator.malloc(bytes, StreamId::DEFAULT).unwrap();
         let mut batch = kernels.batch(&mut allocator);
         for _ in 0..4 {
-            batch.matmul(&a, &a, &c, MatmulShape::nn(size, size, size), MatmulOptions::default()).unwrap();
+            batch.matmul(Matmul::new(&a, &a, &c, MatmulShape::nn(size, size, size))).unwrap();
         }
         let submission = batch.submit().unwrap();
 
@@ -188,8 +188,7 @@ fn operand_over_the_binding_limit_is_an_error_naming_the_limit() {
     let small = allocator.malloc(k * 4 * 4, StreamId::DEFAULT).unwrap();
     let out = allocator.malloc(m as u64 * 4 * 4, StreamId::DEFAULT).unwrap();
     let mut batch = kernels.batch(&mut allocator);
-    let error =
-        batch.matmul(&big, &small, &out, MatmulShape::nn(m, 4, k as u32), MatmulOptions::default()).unwrap_err();
+    let error = batch.matmul(Matmul::new(&big, &small, &out, MatmulShape::nn(m, 4, k as u32))).unwrap_err();
     assert!(matches!(error, KernelError::BindingTooLarge { operand: "a", .. }), "{error:?}");
     let text = error.to_string();
     assert!(text.contains("max_storage_buffer_binding_size") && text.contains(&limit.to_string()), "{text}");
@@ -213,7 +212,7 @@ fn kernels_refuse_stale_small_and_queue_stream_handles() {
     let on_queue = allocator.malloc(4096, QUEUE_STREAM).unwrap();
 
     let mut batch = kernels.batch(&mut allocator);
-    let error = batch.activation(Activation::Relu, &freed, &y, 1024).unwrap_err();
+    let error = batch.activation(ActivationForward { act: Activation::Relu, x: &freed, y: &y, n: 1024 }).unwrap_err();
     assert!(
         matches!(
             error,
@@ -223,7 +222,7 @@ fn kernels_refuse_stale_small_and_queue_stream_handles() {
         ),
         "{error:?}"
     );
-    let error = batch.activation(Activation::Relu, &x, &y, 2048).unwrap_err();
+    let error = batch.activation(ActivationForward { act: Activation::Relu, x: &x, y: &y, n: 2048 }).unwrap_err();
     assert!(matches!(error, KernelError::TooSmall { operand: "x", needed: 8192, size: 4096 }), "{error:?}");
     let error = batch.fill(&on_queue, 16, 1.0).unwrap_err();
     assert!(matches!(error, KernelError::QueueStream(_)), "{error:?}");

@@ -7,10 +7,12 @@ mod common;
 
 use cachalot_core::StreamId;
 use cachalot_shaders::cpu::{self, elementwise_relative_error};
-use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    Activation, ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
+};
 use cachalot_shaders::wgsl::MatmulTile;
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
-use cachalot_wgpu::{KernelError, Kernels, MatmulOptions, WgpuConfig};
+use cachalot_wgpu::{KernelError, Kernels, WgpuConfig};
 use common::{assert_close, poisoned, read, upload};
 
 /// Products in every layout, with and without bias and accumulation, on both tiles: sizes
@@ -59,8 +61,7 @@ fn matmul_matches_cpu_in_every_layout() {
             };
             let bias = upload(&kernels, &mut allocator, &bias_host);
             let mut batch = kernels.batch(&mut allocator);
-            let options = MatmulOptions { beta, bias: with_bias.then_some(&bias) };
-            batch.matmul(&a, &b, &c, shape, options).unwrap();
+            batch.matmul(Matmul { a: &a, b: &b, c: &c, shape, beta, bias: with_bias.then_some(&bias) }).unwrap();
             batch.submit().unwrap();
             let got = read(&kernels, &mut allocator, &c, ec as usize);
             let mut want = c_host.clone();
@@ -149,10 +150,12 @@ fn activations_match_cpu() {
         let dy = upload(&kernels, &mut allocator, &dy_host);
         let outputs: Vec<_> = (0..4).map(|_| poisoned(&kernels, &mut allocator, n)).collect();
         let mut batch = kernels.batch(&mut allocator);
-        batch.activation(Activation::Relu, &x, &outputs[0], n as u64).unwrap();
-        batch.activation_backward(Activation::Relu, &x, &dy, &outputs[1], n as u64).unwrap();
-        batch.activation(Activation::Gelu, &x, &outputs[2], n as u64).unwrap();
-        batch.activation_backward(Activation::Gelu, &x, &dy, &outputs[3], n as u64).unwrap();
+        let count = n as u64;
+        for (act, y, dx) in [(Activation::Relu, &outputs[0], &outputs[1]), (Activation::Gelu, &outputs[2], &outputs[3])]
+        {
+            batch.activation(ActivationForward { act, x: &x, y, n: count }).unwrap();
+            batch.activation_backward(ActivationBackward { act, x: &x, dy: &dy, dx, n: count }).unwrap();
+        }
         batch.submit().unwrap();
         let mut want = vec![vec![0.0; n]; 4];
         cpu::relu_forward(&x_host, &mut want[0]);
@@ -203,8 +206,8 @@ fn fill_copy_and_bias_kernels_match_cpu() {
         let mut batch = kernels.batch(&mut allocator);
         batch.fill(&filled, n as u64, value).unwrap();
         batch.copy(&x, &copied, n as u64).unwrap();
-        batch.sum_rows(&x, &sums, SumRows { rows, cols, accumulate: false }).unwrap();
-        batch.sum_rows(&x, &sums_acc, SumRows { rows, cols, accumulate: true }).unwrap();
+        batch.sum_rows(SumRows { x: &x, out: &sums, rows, cols, accumulate: false }).unwrap();
+        batch.sum_rows(SumRows { x: &x, out: &sums_acc, rows, cols, accumulate: true }).unwrap();
         batch.add_bias(&x, &bias, rows, cols).unwrap(); // in place, after the reads above
         batch.submit().unwrap();
 
@@ -243,7 +246,7 @@ fn losses_match_cpu() {
         let loss = poisoned(&kernels, &mut allocator, 1);
         let grad = poisoned(&kernels, &mut allocator, n);
         let mut batch = kernels.batch(&mut allocator);
-        batch.mse(&pred, &target, &loss, Some(&grad), Mse { n: n as u64 }).unwrap();
+        batch.mse(Mse { pred: &pred, target: &target, loss: &loss, grad: Some(&grad), n: n as u64 }).unwrap();
         batch.submit().unwrap();
         let want_loss = cpu::mse_loss(&pred_host, &target_host);
         let mut want_grad = vec![0.0; n];
@@ -265,7 +268,9 @@ fn losses_match_cpu() {
         let grad = poisoned(&kernels, &mut allocator, n);
         let mut batch = kernels.batch(&mut allocator);
         batch.upload_u32(&targets, &targets_host).unwrap();
-        batch.cross_entropy(&logits, &targets, &loss, &grad, CrossEntropy { rows, cols }).unwrap();
+        batch
+            .cross_entropy(CrossEntropy { logits: &logits, targets: &targets, loss: &loss, grad: &grad, rows, cols })
+            .unwrap();
         batch.submit().unwrap();
         let mut want_grad = vec![0.0; n];
         let want_loss = cpu::cross_entropy(&logits_host, &targets_host, &mut want_grad, rows, cols, 1.0 / rows as f32);
@@ -277,7 +282,9 @@ fn losses_match_cpu() {
         targets_host[0] = cols;
         let mut batch = kernels.batch(&mut allocator);
         batch.upload_u32(&targets, &targets_host).unwrap();
-        batch.cross_entropy(&logits, &targets, &loss, &grad, CrossEntropy { rows, cols }).unwrap();
+        batch
+            .cross_entropy(CrossEntropy { logits: &logits, targets: &targets, loss: &loss, grad: &grad, rows, cols })
+            .unwrap();
         batch.submit().unwrap();
         assert!(read(&kernels, &mut allocator, &loss, 1)[0].is_nan(), "{shape}: a bad target must give NaN");
         for a in [logits, targets, loss, grad] {
@@ -309,7 +316,9 @@ fn optimiser_steps_match_cpu() {
                 let grad = upload(&kernels, &mut allocator, &grad_host);
                 let mut batch = kernels.batch(&mut allocator);
                 let momentum = (sgd.momentum != 0.0).then_some(&buf);
-                batch.sgd_step(&param, &grad, momentum, SgdStep { n: n as u64, sgd, first_step: step == 0 }).unwrap();
+                batch
+                    .sgd_step(SgdStep { param: &param, grad: &grad, momentum, n: n as u64, sgd, first_step: step == 0 })
+                    .unwrap();
                 batch.submit().unwrap();
                 allocator.free(grad).unwrap();
                 cpu::sgd_step(&mut param_host, &grad_host, &mut buf_host, sgd, step == 0);
@@ -329,7 +338,17 @@ fn optimiser_steps_match_cpu() {
             let grad_host = rng.vec(n, -1.0, 1.0);
             let grad = upload(&kernels, &mut allocator, &grad_host);
             let mut batch = kernels.batch(&mut allocator);
-            batch.adam_step(&param, &grad, &m, &v, AdamStep { n: n as u64, adam, step }).unwrap();
+            batch
+                .adam_step(AdamStep {
+                    param: &param,
+                    grad: &grad,
+                    exp_avg: &m,
+                    exp_avg_sq: &v,
+                    n: n as u64,
+                    adam,
+                    step,
+                })
+                .unwrap();
             batch.submit().unwrap();
             allocator.free(grad).unwrap();
             cpu::adam_step(&mut param_host, &grad_host, &mut m_host, &mut v_host, adam, step);
@@ -365,7 +384,7 @@ fn large_tensors_run_in_chunks_or_name_the_binding_limit() {
     let bias = upload(&kernels, &mut allocator, &bias_host);
     let y = poisoned(&kernels, &mut allocator, n);
     let mut batch = kernels.batch(&mut allocator);
-    batch.activation(Activation::Gelu, &x, &y, n as u64).unwrap();
+    batch.activation(ActivationForward { act: Activation::Gelu, x: &x, y: &y, n: n as u64 }).unwrap();
     batch.add_bias(&y, &bias, rows, cols).unwrap();
     batch.submit().unwrap();
     let mut want = vec![0.0; n];
@@ -374,7 +393,7 @@ fn large_tensors_run_in_chunks_or_name_the_binding_limit() {
     assert_close("chunked gelu + add_bias", &read(&kernels, &mut allocator, &y, n), &want);
 
     let mut batch = kernels.batch(&mut allocator);
-    let error = batch.matmul(&x, &x, &y, MatmulShape::nn(rows, rows, cols), MatmulOptions::default()).unwrap_err();
+    let error = batch.matmul(Matmul::new(&x, &x, &y, MatmulShape::nn(rows, rows, cols))).unwrap_err();
     assert!(matches!(error, KernelError::BindingTooLarge { limit: 4096, .. }), "{error:?}");
     assert!(error.to_string().contains("max_storage_buffer_binding_size"), "{error}");
     drop(batch);

@@ -2,12 +2,13 @@
 //! default stream as a PyTorch program runs — so the allocator sees PyTorch's sequence, the
 //! cuBLAS and cuBLASLt workspaces of the first products included.
 
-use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
-use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan, MatmulOptions};
-use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_core::{Allocation, AllocatorConfig, StreamId};
+use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 
-use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
+use super::{BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
 
 /// The one stream of the device (PyTorch's current stream).
@@ -19,7 +20,7 @@ const SUM_SCRATCH: u64 = cachalot_cuda::SUM_PARTIALS as u64 * 4;
 /// A CUDA GPU (see the module docs).
 #[derive(Debug)]
 pub struct CudaDevice {
-    allocator: CachingAllocator<CudaBackend>,
+    allocator: DeviceAllocator<CudaBackend>,
     kernels: CudaKernels,
     compute_capability: (i32, i32),
 }
@@ -32,6 +33,7 @@ impl CudaDevice {
         let allocator = cachalot_cuda::caching_allocator(ordinal, config)?;
         let kernels = CudaKernels::new(allocator.backend().cuda())?;
         let compute_capability = allocator.backend().cuda().compute_capability();
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Cuda, StreamDiscipline::DefaultStream);
         Ok(CudaDevice { allocator, kernels, compute_capability })
     }
 
@@ -42,17 +44,11 @@ impl CudaDevice {
 }
 
 impl DeviceInfo for CudaDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        StreamDiscipline::DefaultStream
     }
     fn workspaces(&self) -> Option<Workspaces> {
         let sizes = self.kernels.workspace_sizes();
@@ -62,6 +58,18 @@ impl DeviceInfo for CudaDevice {
         let (major, minor) = self.compute_capability;
         vec![("compute capability".into(), format!("{major}.{minor}"))]
     }
+}
+
+/// `DeviceKernels` methods that hand their op, unchanged, to the `CudaKernels` method of the
+/// same name on [`STREAM`]. A macro because the methods differ only in name and op type: six
+/// copies of the same three lines would say nothing more (the ops that also take the
+/// allocator are written out).
+macro_rules! on_stream {
+    ($($name:ident($op:ty);)*) => {$(
+        fn $name(&mut self, op: $op) -> Result<(), RuntimeError> {
+            Ok(self.kernels.$name(STREAM, op)?)
+        }
+    )*};
 }
 
 impl DeviceKernels for CudaDevice {
@@ -89,85 +97,27 @@ impl DeviceKernels for CudaDevice {
         Ok(self.kernels.scale(STREAM, x, y, alpha, n)?)
     }
 
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
-        args.validate()?;
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
         // PyTorch's staging block (2,112 bytes) holds the first pass's 512 partials.
-        let partials = DeviceSpan::block(staging).slice(0, SUM_SCRATCH)?;
-        Ok(self.kernels.sum(STREAM, x, args.n, partials, out, args.scale())?)
+        let partials = DeviceSpan::block(op.staging).slice(0, SUM_SCRATCH)?;
+        Ok(self.kernels.sum(STREAM, op.x, op.n, partials, op.out, op.scale())?)
     }
 
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError> {
-        let options = MatmulOptions { beta, bias: bias.map(DeviceSpan::from) };
-        Ok(self.kernels.matmul(&mut self.allocator, STREAM, a, b, c, shape, options)?)
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.matmul(&mut self.allocator, STREAM, op)?)
     }
 
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sum_rows(STREAM, x, out, args)?)
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError> {
+        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, op)?)
     }
 
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation(STREAM, act, x, y, n)?)
-    }
-
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.activation_backward(STREAM, act, x, dy, dx, n)?)
-    }
-
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.mse(STREAM, pred, target, loss, Some(DeviceSpan::from(grad)), args)?)
-    }
-
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.cross_entropy(&mut self.allocator, STREAM, logits, targets, loss, grad, args)?)
-    }
-
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.sgd_step(STREAM, param, grad, momentum.map(DeviceSpan::from), args)?)
-    }
-
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.kernels.adam_step(STREAM, param, grad, exp_avg, exp_avg_sq, args)?)
+    on_stream! {
+        sum_rows(SumRows<&Allocation>);
+        activation(ActivationForward<&Allocation>);
+        activation_backward(ActivationBackward<&Allocation>);
+        mse(Mse<&Allocation>);
+        sgd_step(SgdStep<&Allocation>);
+        adam_step(AdamStep<&Allocation>);
     }
 }

@@ -25,10 +25,13 @@ pub mod cuda;
 pub mod sim;
 pub mod wgpu;
 
-use cachalot_core::{Allocation, Allocator, StreamId};
-use cachalot_shaders::MatmulShape;
+use std::ops::{Deref, DerefMut};
+
+use cachalot_core::{Allocation, Allocator, Backend, CachingAllocator, StreamId};
 pub use cachalot_shaders::ops::Activation;
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 
 use crate::error::RuntimeError;
 
@@ -103,6 +106,69 @@ impl Workspaces {
     }
 }
 
+/// A device's caching allocator with the two facts every device states about it: its backend
+/// family and its stream discipline.
+///
+/// The one home of what every device answers alike: each device holds one, returns it from
+/// [`DeviceInfo::held`], and [`DeviceInfo`]'s `kind`, `discipline`, `allocator` and
+/// `allocator_mut` read it. It dereferences to the `CachingAllocator<B>` for the device's own
+/// backend-typed calls (`backend()`, the kernels that take the allocator).
+#[derive(Debug)]
+pub struct DeviceAllocator<B: Backend> {
+    allocator: CachingAllocator<B>,
+    kind: BackendKind,
+    discipline: StreamDiscipline,
+}
+
+impl<B: Backend> DeviceAllocator<B> {
+    /// `allocator`, on a device of backend family `kind` that follows `discipline`.
+    pub fn new(allocator: CachingAllocator<B>, kind: BackendKind, discipline: StreamDiscipline) -> Self {
+        DeviceAllocator { allocator, kind, discipline }
+    }
+}
+
+impl<B: Backend> Deref for DeviceAllocator<B> {
+    type Target = CachingAllocator<B>;
+
+    fn deref(&self) -> &CachingAllocator<B> {
+        &self.allocator
+    }
+}
+
+impl<B: Backend> DerefMut for DeviceAllocator<B> {
+    fn deref_mut(&mut self) -> &mut CachingAllocator<B> {
+        &mut self.allocator
+    }
+}
+
+/// A [`DeviceAllocator`] of any backend, as [`DeviceInfo`] reads it (object safe, so the
+/// trait needs no generic parameter for the backend).
+pub trait HeldAllocator {
+    /// Which backend family the device is.
+    fn kind(&self) -> BackendKind;
+    /// When freed blocks may be reused.
+    fn discipline(&self) -> StreamDiscipline;
+    /// The allocator.
+    fn allocator(&self) -> &dyn Allocator;
+    /// The allocator, mutably.
+    fn allocator_mut(&mut self) -> &mut dyn Allocator;
+}
+
+impl<B: Backend> HeldAllocator for DeviceAllocator<B> {
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+    fn discipline(&self) -> StreamDiscipline {
+        self.discipline
+    }
+    fn allocator(&self) -> &dyn Allocator {
+        &self.allocator
+    }
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+        &mut self.allocator
+    }
+}
+
 /// What the runtime needs to know about a device, and its allocator.
 ///
 /// The facts half of a [`Device`]: which backend it is, when freed blocks may be reused,
@@ -110,14 +176,27 @@ impl Workspaces {
 /// and the caching allocator — seen as a [`cachalot_core::Allocator`] object, so the runtime
 /// needs no generic parameter for the backend.
 pub trait DeviceInfo {
+    /// The device's allocator with its kind and discipline (see [`DeviceAllocator`]).
+    fn held(&self) -> &dyn HeldAllocator;
+    /// The same, mutably.
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator;
+
     /// Which backend family this is.
-    fn kind(&self) -> BackendKind;
+    fn kind(&self) -> BackendKind {
+        self.held().kind()
+    }
     /// The allocator.
-    fn allocator(&self) -> &dyn Allocator;
+    fn allocator(&self) -> &dyn Allocator {
+        self.held().allocator()
+    }
     /// The allocator, mutably.
-    fn allocator_mut(&mut self) -> &mut dyn Allocator;
+    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+        self.held_mut().allocator_mut()
+    }
     /// When freed blocks may be reused (see [`StreamDiscipline`]).
-    fn discipline(&self) -> StreamDiscipline;
+    fn discipline(&self) -> StreamDiscipline {
+        self.held().discipline()
+    }
     /// Whether kernels compute (the simulator can skip them for allocation-only what-ifs).
     fn computes(&self) -> bool {
         true
@@ -154,9 +233,9 @@ pub trait DeviceInfo {
 /// The kernels of a device: one method per op of `cachalot_shaders::ops`, on allocations of
 /// the device's allocator.
 ///
-/// Sizes are element counts (f32, or u32 for class targets); an op's arguments beyond its
-/// operands are its struct from `cachalot_shaders::ops`, whose `validate` every
-/// implementation calls. Kernel calls do no `record_stream` bookkeeping: the runtime does it
+/// Sizes are element counts (f32, or u32 for class targets); an op is its struct from
+/// `cachalot_shaders::ops` with `&Allocation` operands, whose `validate` every implementation
+/// calls. Kernel calls do no `record_stream` bookkeeping: the runtime does it
 /// according to [`DeviceInfo::discipline`]. Calls are stream ordered; only
 /// [`DeviceKernels::read`] and [`DeviceKernels::synchronize`] wait for the device.
 pub trait DeviceKernels {
@@ -172,67 +251,25 @@ pub trait DeviceKernels {
     fn fill_u32(&mut self, x: &Allocation, n: u64, value: u32) -> Result<(), RuntimeError>;
     /// `y = alpha · x` for `n` elements (`x` and `y` distinct).
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError>;
-    /// `out[0] = mean(x)` ([`Mean`]); `staging` is PyTorch's reduction scratch (2,112 bytes).
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError>;
-    /// `C = op(A) · op(B) (+ beta C) (+ bias)`. May allocate the device's workspaces.
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError>;
+    /// `out[0] = mean(x)` ([`Mean`]; its `staging` is PyTorch's reduction scratch, 2,112 bytes).
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError>;
+    /// `C = op(A) · op(B) (+ beta C) (+ bias)` ([`Matmul`]). May allocate the device's workspaces.
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError>;
     /// Column sums `out[c] (+)= Σ_r x[r, c]` ([`SumRows`]).
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError>;
-    /// `y = act(x)`.
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError>;
-    /// `dx = act'(x) · dy`.
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError>;
-    /// Mean squared error and its gradient ([`Mse`]).
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError>;
+    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError>;
+    /// `y = act(x)` ([`ActivationForward`]).
+    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError>;
+    /// `dx = act'(x) · dy` ([`ActivationBackward`]).
+    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError>;
+    /// Mean squared error and, when `grad` is given, its gradient ([`Mse`]).
+    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError>;
     /// Softmax cross-entropy (mean over rows) and its gradient ([`CrossEntropy`]). Takes a
     /// scratch row from the allocator, as the CUDA and wgpu kernels do.
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError>;
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError>;
     /// One SGD step ([`SgdStep`]).
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError>;
+    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError>;
     /// One Adam step ([`AdamStep`]).
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError>;
+    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError>;
 }
 
 /// A device the runtime runs on: its facts and allocator ([`DeviceInfo`]) and its kernels

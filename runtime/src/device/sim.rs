@@ -10,14 +10,18 @@
 
 use std::collections::BTreeMap;
 
-use cachalot_core::Allocator;
 use cachalot_core::{
     Allocation, AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId,
 };
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
-use cachalot_shaders::{MatmulShape, cpu as reference};
+use cachalot_shaders::cpu as reference;
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
 
-use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, QUEUE_STREAM, StreamDiscipline, Workspaces, cpu};
+use super::{
+    BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, QUEUE_STREAM, StreamDiscipline, Workspaces,
+    cpu,
+};
 use crate::error::RuntimeError;
 
 /// Total memory of the H200 the reference traces were recorded on (`torch.cuda.get_device_properties(0).total_memory`).
@@ -262,7 +266,7 @@ impl Backend for HostSim {
 /// The simulator device (see the module docs).
 #[derive(Debug)]
 pub struct SimDevice {
-    allocator: CachingAllocator<HostSim>,
+    allocator: DeviceAllocator<HostSim>,
     profile: SimProfile,
     cublas: Option<Allocation>,
     cublaslt: Option<Allocation>,
@@ -272,6 +276,7 @@ impl SimDevice {
     /// A simulated device following `profile`; `compute` runs the CPU kernels.
     pub fn new(profile: SimProfile, config: AllocatorConfig, compute: bool) -> Result<Self, RuntimeError> {
         let allocator = CachingAllocator::new(HostSim::new(&profile, compute), config)?;
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Sim, profile.discipline);
         Ok(SimDevice { allocator, profile, cublas: None, cublaslt: None })
     }
 
@@ -312,17 +317,11 @@ fn check(a: &Allocation, bytes: u64, operand: &str) -> Result<(), RuntimeError> 
 }
 
 impl DeviceInfo for SimDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Sim
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        self.profile.discipline
     }
     fn computes(&self) -> bool {
         self.computes_now()
@@ -371,11 +370,11 @@ impl DeviceKernels for SimDevice {
         self.put(y, &values, "y")
     }
 
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError> {
+        let Mean { x, staging, out, n } = op;
         check(staging, 4, "staging")?;
         check(out, 4, "out")?;
-        args.validate()?;
-        let n = args.n;
+        op.validate()?;
         if !self.computes_now() {
             return check(x, n * 4, "x");
         }
@@ -383,15 +382,8 @@ impl DeviceKernels for SimDevice {
         self.put(out, &[mean], "out")
     }
 
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError> {
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError> {
+        let Matmul { a, b, c, shape, beta, bias } = op;
         if shape.is_empty() {
             return Ok(());
         }
@@ -423,9 +415,9 @@ impl DeviceKernels for SimDevice {
         self.put(c, &cv, "c")
     }
 
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
-        let SumRows { rows, cols, accumulate } = args;
-        let n = args.elements();
+    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError> {
+        let n = op.elements();
+        let SumRows { x, out, rows, cols, accumulate } = op;
         check(x, n * 4, "x")?;
         check(out, cols as u64 * 4, "out")?;
         if !self.computes_now() {
@@ -437,7 +429,8 @@ impl DeviceKernels for SimDevice {
         self.put(out, &ov, "out")
     }
 
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
+    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError> {
+        let ActivationForward { act, x, y, n } = op;
         check(x, n * 4, "x")?;
         check(y, n * 4, "y")?;
         if !self.computes_now() {
@@ -449,14 +442,8 @@ impl DeviceKernels for SimDevice {
         self.put(y, &yv, "y")
     }
 
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError> {
+    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError> {
+        let ActivationBackward { act, x, dy, dx, n } = op;
         check(x, n * 4, "x")?;
         check(dy, n * 4, "dy")?;
         check(dx, n * 4, "dx")?;
@@ -469,42 +456,33 @@ impl DeviceKernels for SimDevice {
         self.put(dx, &dxv, "dx")
     }
 
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError> {
-        args.validate()?;
-        let n = args.n;
+    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
+        let Mse { pred, target, loss, grad, n } = op;
         check(pred, n * 4, "pred")?;
         check(target, n * 4, "target")?;
         check(loss, 4, "loss")?;
-        check(grad, n * 4, "grad")?;
+        if let Some(grad) = grad {
+            check(grad, n * 4, "grad")?;
+        }
         if !self.computes_now() {
             return Ok(());
         }
         let (p, t) = (self.f32s(pred, n, "pred")?, self.f32s(target, n, "target")?);
         let value = reference::mse_loss(&p, &t);
-        let mut g = vec![0.0; n as usize];
-        reference::mse_grad(&p, &t, &mut g, args.grad_scale());
         self.put(loss, &[value], "loss")?;
-        self.put(grad, &g, "grad")
+        if let Some(grad) = grad {
+            let mut g = vec![0.0; n as usize];
+            reference::mse_grad(&p, &t, &mut g, op.grad_scale());
+            self.put(grad, &g, "grad")?;
+        }
+        Ok(())
     }
 
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError> {
-        args.validate()?;
-        let CrossEntropy { rows, cols } = args;
-        let elements = args.elements();
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
+        let CrossEntropy { logits, targets, loss, grad, rows, cols } = op;
+        let elements = op.elements();
         check(logits, elements * 4, "logits")?;
         check(targets, rows as u64 * 4, "targets")?;
         check(loss, 4, "loss")?;
@@ -519,7 +497,7 @@ impl DeviceKernels for SimDevice {
             let l = self.f32s(logits, elements, "logits")?;
             let t = self.host().read_words(targets.address(), rows as usize)?;
             let mut g = vec![0.0; elements as usize];
-            let value = reference::cross_entropy(&l, &t, &mut g, rows, cols, args.scale());
+            let value = reference::cross_entropy(&l, &t, &mut g, rows, cols, op.scale());
             self.put(loss, &[value], "loss").and_then(|_| self.put(grad, &g, "grad"))
         } else {
             Ok(())
@@ -528,17 +506,11 @@ impl DeviceKernels for SimDevice {
         computed
     }
 
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError> {
-        let SgdStep { n, sgd, first_step } = args;
+    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError> {
+        let SgdStep { param, grad, momentum, n, sgd, first_step } = op;
         check(param, n * 4, "param")?;
         check(grad, n * 4, "grad")?;
-        args.validate(momentum.is_some())?;
+        op.validate()?;
         if !self.computes_now() {
             return Ok(());
         }
@@ -556,16 +528,9 @@ impl DeviceKernels for SimDevice {
         Ok(())
     }
 
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError> {
-        args.validate()?;
-        let AdamStep { n, adam, step } = args;
+    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
+        let AdamStep { param, grad, exp_avg, exp_avg_sq, n, adam, step } = op;
         for (a, name) in [(param, "param"), (grad, "grad"), (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")] {
             check(a, n * 4, name)?;
         }

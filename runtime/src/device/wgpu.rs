@@ -9,12 +9,14 @@
 
 use std::sync::Arc;
 
-use cachalot_core::{Allocation, Allocator, AllocatorConfig, CachingAllocator, StreamId};
-use cachalot_shaders::ops::{AdamStep, CrossEntropy, Mean, Mse, SgdStep, SumRows};
-use cachalot_shaders::{MatmulShape, Sgd};
-use cachalot_wgpu::{KernelBatch, Kernels, MatmulOptions, WgpuBackend, WgpuConfig, WgpuContext};
+use cachalot_core::{Allocation, AllocatorConfig, StreamId};
+use cachalot_shaders::Sgd;
+use cachalot_shaders::ops::{
+    ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
+};
+use cachalot_wgpu::{KernelBatch, Kernels, WgpuBackend, WgpuConfig, WgpuContext};
 
-use super::{Activation, BackendKind, DeviceInfo, DeviceKernels, StreamDiscipline};
+use super::{BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, StreamDiscipline};
 use crate::error::RuntimeError;
 
 /// Columns of the first pass of [`DeviceKernels::mean`]: partials that fit PyTorch's 2,112-byte
@@ -24,7 +26,7 @@ const MEAN_COLUMNS: u64 = 512;
 /// A wgpu adapter's device (see the module docs).
 #[derive(Debug)]
 pub struct WgpuDevice {
-    allocator: CachingAllocator<WgpuBackend>,
+    allocator: DeviceAllocator<WgpuBackend>,
     kernels: Kernels,
     /// Means reduced on the host because the tensor was over the binding limit (reported).
     host_means: u64,
@@ -34,6 +36,7 @@ impl WgpuDevice {
     /// The device of `context`, with the allocator `config`.
     pub fn new(context: Arc<WgpuContext>, config: AllocatorConfig) -> Result<Self, RuntimeError> {
         let allocator = cachalot_wgpu::caching_allocator(&context, config)?;
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Wgpu, StreamDiscipline::QueueStream);
         Ok(WgpuDevice { allocator, kernels: Kernels::new(context), host_means: 0 })
     }
 
@@ -88,17 +91,11 @@ impl WgpuDevice {
 }
 
 impl DeviceInfo for WgpuDevice {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Wgpu
-    }
-    fn allocator(&self) -> &dyn Allocator {
+    fn held(&self) -> &dyn HeldAllocator {
         &self.allocator
     }
-    fn allocator_mut(&mut self) -> &mut dyn Allocator {
+    fn held_mut(&mut self) -> &mut dyn HeldAllocator {
         &mut self.allocator
-    }
-    fn discipline(&self) -> StreamDiscipline {
-        StreamDiscipline::QueueStream
     }
     fn run_facts(&self) -> Vec<(String, String)> {
         let info = self.kernels.context().adapter_info();
@@ -160,23 +157,23 @@ impl DeviceKernels for WgpuDevice {
     fn scale(&mut self, x: &Allocation, y: &Allocation, alpha: f32, n: u64) -> Result<(), RuntimeError> {
         // No scale kernel in the WGSL set: y = 0, then an SGD step with lr = -alpha gives
         // y = 0 - (-alpha) · x = alpha · x exactly (one rounding, as a product).
-        let step = SgdStep { n, sgd: Sgd::new(-alpha), first_step: true };
+        let step = SgdStep { param: y, grad: x, momentum: None, n, sgd: Sgd::new(-alpha), first_step: true };
         self.submit(|b| {
             b.fill(y, n, 0.0)?;
-            b.sgd_step(y, x, None, step)
+            b.sgd_step(step)
         })
     }
 
-    fn mean(&mut self, x: &Allocation, staging: &Allocation, out: &Allocation, args: Mean) -> Result<(), RuntimeError> {
-        args.validate()?;
-        let n = args.n;
+    fn mean(&mut self, op: Mean<&Allocation>) -> Result<(), RuntimeError> {
+        op.validate()?;
+        let Mean { x, staging, out, n } = op;
         // Column sums of x as [n / cols, cols] into the staging block, then the last sum and
         // the division on the host. A tensor over the binding limit cannot be bound whole
         // (the WGSL set has no chunked reduction): it is read back and summed on the host.
         let cols = (1..=MEAN_COLUMNS.min(n)).rev().find(|c| n.is_multiple_of(*c)).unwrap_or(1);
         let sum = if n * 4 <= self.binding_limit() && n / cols <= u32::MAX as u64 {
-            let sums = SumRows { rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
-            self.submit(|b| b.sum_rows(x, staging, sums))?;
+            let sums = SumRows { x, out: staging, rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
+            self.submit(|b| b.sum_rows(sums))?;
             let partials = self.read(staging, cols as usize)?;
             partials.iter().map(|&w| f32::from_bits(w) as f64).sum::<f64>()
         } else {
@@ -188,79 +185,37 @@ impl DeviceKernels for WgpuDevice {
         self.upload(out, &[mean.to_bits()])
     }
 
-    fn matmul(
-        &mut self,
-        a: &Allocation,
-        b: &Allocation,
-        c: &Allocation,
-        shape: MatmulShape,
-        beta: f32,
-        bias: Option<&Allocation>,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|batch| batch.matmul(a, b, c, shape, MatmulOptions { beta, bias }))
+    fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.matmul(op))
     }
 
-    fn sum_rows(&mut self, x: &Allocation, out: &Allocation, args: SumRows) -> Result<(), RuntimeError> {
-        self.submit(|b| b.sum_rows(x, out, args))
+    fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.sum_rows(op))
     }
 
-    fn activation(&mut self, act: Activation, x: &Allocation, y: &Allocation, n: u64) -> Result<(), RuntimeError> {
-        self.submit(|b| b.activation(act, x, y, n))
+    fn activation(&mut self, op: ActivationForward<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.activation(op))
     }
 
-    fn activation_backward(
-        &mut self,
-        act: Activation,
-        x: &Allocation,
-        dy: &Allocation,
-        dx: &Allocation,
-        n: u64,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.activation_backward(act, x, dy, dx, n))
+    fn activation_backward(&mut self, op: ActivationBackward<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.activation_backward(op))
     }
 
-    fn mse(
-        &mut self,
-        pred: &Allocation,
-        target: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: Mse,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.mse(pred, target, loss, Some(grad), args))
+    fn mse(&mut self, op: Mse<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.mse(op))
     }
 
-    fn cross_entropy(
-        &mut self,
-        logits: &Allocation,
-        targets: &Allocation,
-        loss: &Allocation,
-        grad: &Allocation,
-        args: CrossEntropy,
-    ) -> Result<(), RuntimeError> {
+    fn cross_entropy(&mut self, op: CrossEntropy<&Allocation>) -> Result<(), RuntimeError> {
         // The batch allocates its scratch row: wait first, as before any allocator call.
         self.settle()?;
-        self.submit(|b| b.cross_entropy(logits, targets, loss, grad, args))
+        self.submit(|b| b.cross_entropy(op))
     }
 
-    fn sgd_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        momentum: Option<&Allocation>,
-        args: SgdStep,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.sgd_step(param, grad, momentum, args))
+    fn sgd_step(&mut self, op: SgdStep<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.sgd_step(op))
     }
 
-    fn adam_step(
-        &mut self,
-        param: &Allocation,
-        grad: &Allocation,
-        exp_avg: &Allocation,
-        exp_avg_sq: &Allocation,
-        args: AdamStep,
-    ) -> Result<(), RuntimeError> {
-        self.submit(|b| b.adam_step(param, grad, exp_avg, exp_avg_sq, args))
+    fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError> {
+        self.submit(|b| b.adam_step(op))
     }
 }

@@ -6,10 +6,11 @@
 //! cuBLAS (`cublasSgemm`) and, for products with a bias, to cuBLASLt with the bias epilogue,
 //! with PyTorch 2.11's workspaces taken from the caching allocator.
 //!
-//! An op's arguments beyond its operands are its struct from `cachalot_shaders::ops`
-//! (`SumRows`, `Mse`, `CrossEntropy`, `SgdStep`, `AdamStep`, `Activation`), whose `validate`
-//! is the one check of those arguments on every backend; this module checks the operands
-//! (each [`DeviceSpan`] holds what the kernel touches).
+//! An op is its struct from `cachalot_shaders::ops` (`Matmul`, `SumRows`, `Mse`,
+//! `CrossEntropy`, `SgdStep`, `AdamStep`, `ActivationForward`, `ActivationBackward`), with
+//! operands of any type that converts into a [`DeviceSpan`]; its `validate` is the one check
+//! of its arguments on every backend, and this module checks the operands (each
+//! [`DeviceSpan`] holds what the kernel touches).
 //!
 //! Everything is stream-ordered and asynchronous except [`CudaKernels::read`] (which waits for
 //! its stream). Kernels do no cross-stream bookkeeping: like a PyTorch program, a caller that
@@ -28,8 +29,10 @@ use std::time::Duration;
 
 use cachalot_core::{Allocation, CachingAllocator, StreamId};
 use cachalot_shaders::MatmulShape;
-use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cachalot_shaders::ops::{
+    Activation, ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
+};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::backend::CudaBackend;
 use crate::device::{CudaDevice, cublas_libraries_present, nvrtc_library_present};
@@ -50,16 +53,6 @@ pub const SUM_PARTIALS: u32 = 512;
 
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
-
-/// Options of a matrix product beyond its operands.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct MatmulOptions {
-    /// Scale of the existing `C` added to the product: 0 overwrites `C` (its old contents are
-    /// not read), 1 accumulates (e.g. into a gradient).
-    pub beta: f32,
-    /// `bias[n]` added to every row of `C` (through cuBLASLt's bias epilogue).
-    pub bias: Option<DeviceSpan>,
-}
 
 /// Which persistent workspace an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +119,7 @@ struct Functions {
 /// use cachalot_core::{AllocatorConfig, StreamId};
 /// use cachalot_cuda::{CudaKernels, caching_allocator};
 /// use cachalot_shaders::MatmulShape;
+/// use cachalot_shaders::ops::Matmul;
 ///
 /// let mut allocator = caching_allocator(0, AllocatorConfig::default())?;
 /// let mut kernels = CudaKernels::new(allocator.backend().cuda())?;
@@ -134,7 +128,7 @@ struct Functions {
 /// kernels.fill(s, &a, 64 * 32, 1.0)?;
 /// kernels.fill(s, &b, 32 * 16, 0.5)?;
 /// // The first product on a stream allocates PyTorch's cuBLAS workspace from the allocator.
-/// kernels.matmul(&mut allocator, s, &a, &b, &c, MatmulShape::nn(64, 16, 32), Default::default())?;
+/// kernels.matmul(&mut allocator, s, Matmul::new(&a, &b, &c, MatmulShape::nn(64, 16, 32)))?;
 /// let out: Vec<f32> = kernels.read(s, &c, 64 * 16)?;
 /// assert_eq!(out[0], 16.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -384,10 +378,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", n * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill);
-        launch.arg(&x).arg(&value).arg(&n);
         // SAFETY: `fill(float*, float, u64)`; x holds n floats (checked).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill, self.grid(n), &[&x, &value, &n]) }
     }
 
     /// `x[i] = value` for `n` 32-bit words.
@@ -397,10 +389,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", n * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill_u32);
-        launch.arg(&x).arg(&value).arg(&n);
         // SAFETY: `cachalot_fill_u32(u32*, u32, u64)`; x holds n words (checked).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill_u32, self.grid(n), &[&x, &value, &n]) }
     }
 
     /// `y[i] = alpha · x[i]` for `n` elements (`x` and `y` may be the same).
@@ -417,21 +407,13 @@ impl CudaKernels {
         }
         let (x, y) = (x.into().check("x", n * 4)?, y.into().check("y", n * 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.scale);
-        launch.arg(&x).arg(&y).arg(&alpha).arg(&n);
         // SAFETY: `cachalot_scale(const float*, float*, float, u64)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.scale, self.grid(n), &[&x, &y, &alpha, &n]) }
     }
 
     /// `y = act(x)` for `n` elements (ReLU: `max(x, 0)`; exact GELU: `x · Φ(x)`).
-    pub fn activation(
-        &self,
-        stream: StreamId,
-        act: Activation,
-        x: impl Into<DeviceSpan>,
-        y: impl Into<DeviceSpan>,
-        n: u64,
-    ) -> Result<(), CudaError> {
+    pub fn activation<T: Into<DeviceSpan>>(&self, stream: StreamId, op: ActivationForward<T>) -> Result<(), CudaError> {
+        let ActivationForward { act, x, y, n } = op;
         if n == 0 {
             return Ok(());
         }
@@ -441,23 +423,18 @@ impl CudaKernels {
             Activation::Gelu => &self.functions.gelu_forward,
         };
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(function);
-        launch.arg(&x).arg(&y).arg(&n);
         // SAFETY: `(const float* x, float* y, u64 n)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, function, self.grid(n), &[&x, &y, &n]) }
     }
 
     /// `dx = act'(x) · dy` for `n` elements (ReLU: PyTorch's `threshold_backward`; GELU:
     /// `dy · (Φ(x) + x · φ(x))`).
-    pub fn activation_backward(
+    pub fn activation_backward<T: Into<DeviceSpan>>(
         &self,
         stream: StreamId,
-        act: Activation,
-        x: impl Into<DeviceSpan>,
-        dy: impl Into<DeviceSpan>,
-        dx: impl Into<DeviceSpan>,
-        n: u64,
+        op: ActivationBackward<T>,
     ) -> Result<(), CudaError> {
+        let ActivationBackward { act, x, dy, dx, n } = op;
         if n == 0 {
             return Ok(());
         }
@@ -467,10 +444,8 @@ impl CudaKernels {
             Activation::Gelu => &self.functions.gelu_backward,
         };
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(function);
-        launch.arg(&x).arg(&dy).arg(&dx).arg(&n);
         // SAFETY: `(const float* input, const float* grad_out, float* grad_in, u64 n)`; checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, function, self.grid(n), &[&x, &dy, &dx, &n]) }
     }
 
     /// `x[r, c] += bias[c]` for `x` of `[rows, cols]`.
@@ -488,32 +463,25 @@ impl CudaKernels {
         }
         let (x, bias) = (x.into().check("x", n * 4)?, bias.into().check("bias", u64::from(cols) * 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.add_bias);
-        launch.arg(&x).arg(&bias).arg(&n).arg(&cols);
         // SAFETY: `add_bias(float*, const float*, u64, u32)`; operands checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.add_bias, self.grid(n), &[&x, &bias, &n, &cols]) }
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
-    pub fn sum_rows(
-        &self,
-        stream: StreamId,
-        x: impl Into<DeviceSpan>,
-        out: impl Into<DeviceSpan>,
-        args: SumRows,
-    ) -> Result<(), CudaError> {
-        let SumRows { rows, cols, accumulate } = args;
+    pub fn sum_rows<T: Into<DeviceSpan>>(&self, stream: StreamId, op: SumRows<T>) -> Result<(), CudaError> {
+        let elements = op.elements();
+        let SumRows { x, out, rows, cols, accumulate } = op;
         if cols == 0 {
             return Ok(());
         }
-        let x = x.into().check("x", args.elements() * 4)?;
+        let x = x.into().check("x", elements * 4)?;
         let out = out.into().check("out", u64::from(cols) * 4)?;
         let accumulate = i32::from(accumulate);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.sum_rows);
-        launch.arg(&x).arg(&out).arg(&rows).arg(&cols).arg(&accumulate);
         // SAFETY: `sum_rows(const float*, float*, u32, u32, int)`; operands checked.
-        unsafe { launch.launch(self.grid(u64::from(cols))) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(&s, &self.functions.sum_rows, self.grid(u64::from(cols)), &[&x, &out, &rows, &cols, &accumulate])
+        }
     }
 
     /// `out[0] = scale · Σ x[0..n]` in two passes: `partials` is scratch of at least
@@ -531,45 +499,30 @@ impl CudaKernels {
         let partials = partials.into().check("partials", u64::from(SUM_PARTIALS) * 4)?;
         let out = out.into().check("out", 4)?;
         let s = self.stream(stream)?;
-        let mut first = s.launch_builder(&self.functions.sum_partial);
-        first.arg(&x).arg(&partials).arg(&n);
         // SAFETY: `cachalot_sum_partial(const float*, float*, u64)`, SUM_PARTIALS blocks of 256.
-        unsafe { first.launch(Self::blocks(SUM_PARTIALS)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
-        let mut second = s.launch_builder(&self.functions.sum_final);
-        second.arg(&partials).arg(&out).arg(&SUM_PARTIALS).arg(&scale);
+        unsafe { launch(&s, &self.functions.sum_partial, Self::blocks(SUM_PARTIALS), &[&x, &partials, &n]) }?;
         // SAFETY: `cachalot_sum_final(const float*, float*, u32, float)`, one block of 256.
-        unsafe { second.launch(Self::blocks(1)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.sum_final, Self::blocks(1), &[&partials, &out, &SUM_PARTIALS, &scale]) }
     }
 
     // ---- losses ----
 
     /// Mean squared error ([`Mse`]); the gradient only if `grad` is given.
-    pub fn mse(
-        &self,
-        stream: StreamId,
-        pred: impl Into<DeviceSpan>,
-        target: impl Into<DeviceSpan>,
-        loss: impl Into<DeviceSpan>,
-        grad: Option<DeviceSpan>,
-        args: Mse,
-    ) -> Result<(), CudaError> {
-        args.validate()?;
-        let n = args.n;
+    pub fn mse<T: Into<DeviceSpan>>(&self, stream: StreamId, op: Mse<T>) -> Result<(), CudaError> {
+        op.validate()?;
+        let (loss_scale, grad_scale) = (op.loss_scale(), op.grad_scale());
+        let Mse { pred, target, loss, grad, n } = op;
         let (pred, target) = (pred.into().check("pred", n * 4)?, target.into().check("target", n * 4)?);
         let loss = loss.into().check("loss", 4)?;
         let s = self.stream(stream)?;
-        let scale = args.loss_scale();
-        let mut launch = s.launch_builder(&self.functions.mse_loss);
-        launch.arg(&pred).arg(&target).arg(&loss).arg(&n).arg(&scale);
+        let scale = loss_scale;
         // SAFETY: `mse_loss(const float*, const float*, float*, u64, float)`, one block of 256.
-        unsafe { launch.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        unsafe { launch(&s, &self.functions.mse_loss, Self::blocks(1), &[&pred, &target, &loss, &n, &scale]) }?;
         if let Some(grad) = grad {
-            let grad = grad.check("grad", n * 4)?;
-            let scale = args.grad_scale();
-            let mut launch = s.launch_builder(&self.functions.mse_grad);
-            launch.arg(&pred).arg(&target).arg(&grad).arg(&n).arg(&scale);
+            let grad = grad.into().check("grad", n * 4)?;
+            let scale = grad_scale;
             // SAFETY: `mse_grad(const float*, const float*, float*, u64, float)`; checked.
-            unsafe { launch.launch(self.grid(n)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+            unsafe { launch(&s, &self.functions.mse_grad, self.grid(n), &[&pred, &target, &grad, &n, &scale]) }?;
         }
         Ok(())
     }
@@ -577,21 +530,16 @@ impl CudaKernels {
     /// Softmax cross-entropy ([`CrossEntropy`]). Takes a scratch block of `rows` f32 from the
     /// allocator for the per-row losses (freed at once: it is reused only by later work on
     /// the same stream).
-    #[allow(clippy::too_many_arguments)] // the loss's four operands, the allocator and the stream
-    pub fn cross_entropy(
+    pub fn cross_entropy<T: Into<DeviceSpan>>(
         &self,
         allocator: &mut CachingAllocator<CudaBackend>,
         stream: StreamId,
-        logits: impl Into<DeviceSpan>,
-        targets: impl Into<DeviceSpan>,
-        loss: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        args: CrossEntropy,
+        op: CrossEntropy<T>,
     ) -> Result<(), CudaError> {
-        args.validate()?;
+        op.validate()?;
         self.check_allocator(allocator)?;
-        let CrossEntropy { rows, cols } = args;
-        let elements = args.elements();
+        let (elements, scale) = (op.elements(), op.scale());
+        let CrossEntropy { logits, targets, loss, grad, rows, cols } = op;
         let logits = logits.into().check("logits", elements * 4)?;
         let targets = targets.into().check("targets", u64::from(rows) * 4)?;
         let loss = loss.into().check("loss", 4)?;
@@ -599,63 +547,67 @@ impl CudaKernels {
         let s = self.stream(stream)?;
         let scratch = allocator.malloc(u64::from(rows) * 4, stream)?;
         let row_loss = scratch.address();
-        let scale = args.scale();
-        let mut per_row = s.launch_builder(&self.functions.xent_rows);
-        per_row.arg(&logits).arg(&targets).arg(&grad).arg(&row_loss).arg(&rows).arg(&cols).arg(&scale);
         // SAFETY: `xent_rows(const float*, const u32*, float*, float*, u32, u32, float)`, one
         // block of 256 per row; operands checked, scratch holds `rows` floats.
-        let launched = unsafe { per_row.launch(Self::blocks(rows)) }.map_err(CudaError::driver("cuLaunchKernel"));
-        let launched = launched.and_then(|_| {
-            let mut mean = s.launch_builder(&self.functions.xent_mean);
-            mean.arg(&row_loss).arg(&loss).arg(&rows).arg(&scale);
+        let launched = unsafe {
+            launch(
+                &s,
+                &self.functions.xent_rows,
+                Self::blocks(rows),
+                &[&logits, &targets, &grad, &row_loss, &rows, &cols, &scale],
+            )
+        };
+        let launched = launched.and_then(|()| {
             // SAFETY: `xent_mean(const float*, float*, u32, float)`, one block of 256.
-            unsafe { mean.launch(Self::blocks(1)) }.map_err(CudaError::driver("cuLaunchKernel"))
+            unsafe { launch(&s, &self.functions.xent_mean, Self::blocks(1), &[&row_loss, &loss, &rows, &scale]) }
         });
         allocator.free(scratch)?;
-        launched.map(drop)
+        launched
     }
 
     // ---- optimisers ----
 
-    /// One SGD step ([`SgdStep`]); `momentum_buf` is needed when `sgd.momentum != 0`.
-    pub fn sgd_step(
-        &self,
-        stream: StreamId,
-        param: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        momentum_buf: Option<DeviceSpan>,
-        args: SgdStep,
-    ) -> Result<(), CudaError> {
-        let SgdStep { n, sgd, first_step } = args;
+    /// One SGD step ([`SgdStep`]); the momentum buffer is needed when `sgd.momentum != 0`.
+    pub fn sgd_step<T: Into<DeviceSpan>>(&self, stream: StreamId, op: SgdStep<T>) -> Result<(), CudaError> {
+        let checked = op.validate();
+        let SgdStep { param, grad, momentum: momentum_buf, n, sgd, first_step } = op;
         if n == 0 {
             return Ok(());
         }
         let (param, grad) = (param.into().check("param", n * 4)?, grad.into().check("grad", n * 4)?);
-        args.validate(momentum_buf.is_some())?;
+        checked?;
         // Not read when momentum is 0: a null pointer will do.
-        let buf = momentum_buf.map(|buf| buf.check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
+        let buf = momentum_buf.map(|buf| buf.into().check("momentum_buf", n * 4)).transpose()?.unwrap_or(0);
         let (nesterov, first) = (i32::from(sgd.nesterov), i32::from(first_step));
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.sgd_step);
-        launch.arg(&param).arg(&grad).arg(&buf).arg(&n);
-        launch.arg(&sgd.lr).arg(&sgd.momentum).arg(&sgd.dampening).arg(&sgd.weight_decay).arg(&nesterov).arg(&first);
         // SAFETY: `sgd_step(float*, const float*, float*, u64, float, float, float, float, int,
         // int)`; operands checked (the buffer is not read when momentum is 0).
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(
+                &s,
+                &self.functions.sgd_step,
+                self.grid(n),
+                &[
+                    &param,
+                    &grad,
+                    &buf,
+                    &n,
+                    &sgd.lr,
+                    &sgd.momentum,
+                    &sgd.dampening,
+                    &sgd.weight_decay,
+                    &nesterov,
+                    &first,
+                ],
+            )
+        }
     }
 
     /// One Adam step ([`AdamStep`]).
-    pub fn adam_step(
-        &self,
-        stream: StreamId,
-        param: impl Into<DeviceSpan>,
-        grad: impl Into<DeviceSpan>,
-        exp_avg: impl Into<DeviceSpan>,
-        exp_avg_sq: impl Into<DeviceSpan>,
-        args: AdamStep,
-    ) -> Result<(), CudaError> {
-        args.validate()?;
-        let AdamStep { n, adam, .. } = args;
+    pub fn adam_step<T: Into<DeviceSpan>>(&self, stream: StreamId, op: AdamStep<T>) -> Result<(), CudaError> {
+        op.validate()?;
+        let (step_size, sqrt_bc2) = op.constants();
+        let AdamStep { param, grad, exp_avg, exp_avg_sq, n, adam, .. } = op;
         if n == 0 {
             return Ok(());
         }
@@ -663,13 +615,28 @@ impl CudaKernels {
         let grad = grad.into().check("grad", n * 4)?;
         let m = exp_avg.into().check("exp_avg", n * 4)?;
         let v = exp_avg_sq.into().check("exp_avg_sq", n * 4)?;
-        let (step_size, sqrt_bc2) = args.constants();
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.adam_step);
-        launch.arg(&param).arg(&grad).arg(&m).arg(&v).arg(&n);
-        launch.arg(&step_size).arg(&adam.beta1).arg(&adam.beta2).arg(&adam.eps).arg(&adam.weight_decay).arg(&sqrt_bc2);
         // SAFETY: `adam_step(float*, const float*, float*, float*, u64, float x6)`; checked.
-        unsafe { launch.launch(self.grid(n)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(
+                &s,
+                &self.functions.adam_step,
+                self.grid(n),
+                &[
+                    &param,
+                    &grad,
+                    &m,
+                    &v,
+                    &n,
+                    &step_size,
+                    &adam.beta1,
+                    &adam.beta2,
+                    &adam.eps,
+                    &adam.weight_decay,
+                    &sqrt_bc2,
+                ],
+            )
+        }
     }
 
     // ---- memory integrity ----
@@ -687,10 +654,8 @@ impl CudaKernels {
         }
         let x = x.into().check("x", words * 4)?;
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.fill_pattern);
-        launch.arg(&x).arg(&words).arg(&seed);
         // SAFETY: `cachalot_fill_pattern(u32*, u64, u64)`; x checked.
-        unsafe { launch.launch(self.grid(words)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.fill_pattern, self.grid(words), &[&x, &words, &seed]) }
     }
 
     /// Adds to the u32 counter `errors[0]` the number of words of `x` that differ from
@@ -708,10 +673,8 @@ impl CudaKernels {
         }
         let (x, errors) = (x.into().check("x", words * 4)?, errors.into().check("errors", 4)?);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.check_pattern);
-        launch.arg(&x).arg(&words).arg(&seed).arg(&errors);
         // SAFETY: `cachalot_check_pattern(const u32*, u64, u64, u32*)`; operands checked.
-        unsafe { launch.launch(self.grid(words)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe { launch(&s, &self.functions.check_pattern, self.grid(words), &[&x, &words, &seed, &errors]) }
     }
 
     /// Keeps writing `pattern_word(seed, i)` over `x` for at least `duration` with `blocks`
@@ -729,10 +692,10 @@ impl CudaKernels {
         let x = x.into().check("x", words * 4)?;
         let nanoseconds = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         let s = self.stream(stream)?;
-        let mut launch = s.launch_builder(&self.functions.spin_fill_pattern);
-        launch.arg(&x).arg(&words).arg(&seed).arg(&nanoseconds);
         // SAFETY: `cachalot_spin_fill_pattern(u32*, u64, u64, u64)`; x checked.
-        unsafe { launch.launch(Self::blocks(blocks)) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
+        unsafe {
+            launch(&s, &self.functions.spin_fill_pattern, Self::blocks(blocks), &[&x, &words, &seed, &nanoseconds])
+        }
     }
 
     // ---- matrix products and the linear layer ----
@@ -743,17 +706,13 @@ impl CudaKernels {
     /// ([`WorkspaceSizes::cublas`]) from `allocator`; the first one with a bias also the
     /// cuBLASLt workspace, after it, and runs through cuBLASLt's bias epilogue (PyTorch's
     /// `addmm` → `gemm_and_bias`). An empty product (`m` or `n` is 0) does nothing.
-    #[allow(clippy::too_many_arguments)] // three operands, the shape and the options
-    pub fn matmul(
+    pub fn matmul<T: Into<DeviceSpan>>(
         &mut self,
         allocator: &mut CachingAllocator<CudaBackend>,
         stream: StreamId,
-        a: impl Into<DeviceSpan>,
-        b: impl Into<DeviceSpan>,
-        c: impl Into<DeviceSpan>,
-        shape: MatmulShape,
-        options: MatmulOptions,
+        op: Matmul<T>,
     ) -> Result<(), CudaError> {
+        let Matmul { a, b, c, shape, beta, bias } = op;
         if shape.is_empty() {
             return Ok(());
         }
@@ -762,14 +721,14 @@ impl CudaKernels {
             a: a.into().check("a", ea * 4)?,
             b: b.into().check("b", eb * 4)?,
             c: c.into().check("c", ec * 4)?,
-            bias: options.bias.map(|bias| bias.check("bias", u64::from(shape.n) * 4)).transpose()?,
+            bias: bias.map(|bias| bias.into().check("bias", u64::from(shape.n) * 4)).transpose()?,
         };
         let lt_bytes = self.workspace_sizes.cublaslt;
         let state = self.blas_for(allocator, stream)?;
         match ops.bias {
             // cuBLASLt wants k > 0; an empty contraction is C = beta·C + bias.
             Some(bias) if shape.k == 0 => {
-                state.gemm(shape, ops, options.beta)?;
+                state.gemm(shape, ops, beta)?;
                 self.add_bias(
                     stream,
                     DeviceSpan::new(ops.c, ec * 4),
@@ -780,9 +739,9 @@ impl CudaKernels {
             }
             Some(_) => {
                 state.ensure_lt(allocator, stream, lt_bytes)?;
-                state.gemm_bias(shape, ops, options.beta)
+                state.gemm_bias(shape, ops, beta)
             }
-            None => state.gemm(shape, ops, options.beta),
+            None => state.gemm(shape, ops, beta),
         }
     }
 
@@ -801,8 +760,8 @@ impl CudaKernels {
         inputs: u32,
         outputs: u32,
     ) -> Result<(), CudaError> {
-        let options = MatmulOptions { beta: 0.0, bias };
-        self.matmul(allocator, stream, x, w, y, MatmulShape::nt(batch, outputs, inputs), options)
+        let (x, w, y) = (x.into(), w.into(), y.into());
+        self.matmul(allocator, stream, Matmul { bias, ..Matmul::new(x, w, y, MatmulShape::nt(batch, outputs, inputs)) })
     }
 
     /// Linear layer backward from `dy[batch, out]`: `dx = dy · w` (if wanted),
@@ -826,24 +785,54 @@ impl CudaKernels {
     ) -> Result<(), CudaError> {
         let (x, w, dy, dw) = (x.into(), w.into(), dy.into(), dw.into());
         if let Some(dx) = dx {
-            self.matmul(
-                allocator,
-                stream,
-                dy,
-                w,
-                dx,
-                MatmulShape::nn(batch, inputs, outputs),
-                MatmulOptions::default(),
-            )?;
+            self.matmul(allocator, stream, Matmul::new(dy, w, dx, MatmulShape::nn(batch, inputs, outputs)))?;
         }
         let beta = if accumulate { 1.0 } else { 0.0 };
-        let options = MatmulOptions { beta, bias: None };
-        self.matmul(allocator, stream, dy, x, dw, MatmulShape::tn(outputs, inputs, batch), options)?;
+        self.matmul(
+            allocator,
+            stream,
+            Matmul { beta, ..Matmul::new(dy, x, dw, MatmulShape::tn(outputs, inputs, batch)) },
+        )?;
         if let Some(db) = db {
-            self.sum_rows(stream, dy, db, SumRows { rows: batch, cols: outputs, accumulate })?;
+            self.sum_rows(stream, SumRows { x: dy, out: db, rows: batch, cols: outputs, accumulate })?;
         }
         Ok(())
     }
+}
+
+/// One argument of a kernel launch: anything cudarc passes by value to a kernel parameter
+/// (device addresses as `u64`, sizes, scalars).
+trait KernelArg {
+    /// Pushes `self` as the launch's next parameter.
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>);
+}
+
+impl<T: DeviceRepr> KernelArg for T {
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        launch.arg(self);
+    }
+}
+
+/// Launches `function` on `stream` with `config` and `args` in the kernel's parameter order:
+/// the one launch sequence of every kernel of this module.
+///
+/// # Safety
+///
+/// `args` must match the kernel's parameters in number, type and order, and every device
+/// address among them must reach memory that holds what the kernel touches under `config`
+/// (the callers check their operands first; each call states the kernel's signature).
+unsafe fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    config: LaunchConfig,
+    args: &[&dyn KernelArg],
+) -> Result<(), CudaError> {
+    let mut builder = stream.launch_builder(function);
+    for arg in args {
+        arg.push(&mut builder);
+    }
+    // SAFETY: the caller's contract (see above).
+    unsafe { builder.launch(config) }.map(drop).map_err(CudaError::driver("cuLaunchKernel"))
 }
 
 impl StreamBlas {

@@ -3,9 +3,11 @@
 //! PyTorch 2.11's workspace allocations.
 
 use cachalot_core::{AllocatorConfig, CachingAllocator, StreamId, TraceAction};
-use cachalot_cuda::{CudaBackend, CudaError, CudaKernels, DeviceSpan, MatmulOptions, WorkspaceKind, WorkspaceSizes};
+use cachalot_cuda::{CudaBackend, CudaError, CudaKernels, DeviceSpan, WorkspaceKind, WorkspaceSizes};
 use cachalot_shaders::cpu::{self, Rng, elementwise_relative_error, relative_error};
-use cachalot_shaders::ops::{Activation, AdamStep, CrossEntropy, Mse, SgdStep, SumRows};
+use cachalot_shaders::ops::{
+    Activation, ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mse, SgdStep, SumRows,
+};
 use cachalot_shaders::{Adam, MatmulShape, Sgd};
 
 use crate::common;
@@ -60,17 +62,19 @@ fn elementwise_kernels_match_the_cpu_references() {
 
         let mut want = vec![0.0; n];
         for act in [Activation::Relu, Activation::Gelu] {
-            kernels.activation(s, act, &x_dev, &y_dev, n64).unwrap();
+            kernels.activation(s, ActivationForward { act, x: &x_dev, y: &y_dev, n: n64 }).unwrap();
             cpu::activation_forward(act, &x, &mut want);
             assert_close(act.forward_entry(), &read(&kernels, s, &y_dev, n), &want);
-            kernels.activation_backward(s, act, &x_dev, &dy_dev, &dx_dev, n64).unwrap();
+            kernels
+                .activation_backward(s, ActivationBackward { act, x: &x_dev, dy: &dy_dev, dx: &dx_dev, n: n64 })
+                .unwrap();
             cpu::activation_backward(act, &x, &dy, &mut want);
             assert_close(act.backward_entry(), &read(&kernels, s, &dx_dev, n), &want);
         }
 
         // Losses: MSE of x against dy.
         let loss = allocator.malloc(4, s).unwrap();
-        kernels.mse(s, &x_dev, &dy_dev, &loss, Some(DeviceSpan::from(&dx_dev)), Mse { n: n64 }).unwrap();
+        kernels.mse(s, Mse { pred: &x_dev, target: &dy_dev, loss: &loss, grad: Some(&dx_dev), n: n64 }).unwrap();
         let got = read(&kernels, s, &loss, 1)[0];
         let want_loss = cpu::mse_loss(&x, &dy);
         assert!(relative_error(&[got], &[want_loss]) < TOLERANCE, "mse_loss {got} vs {want_loss}");
@@ -96,8 +100,9 @@ fn elementwise_kernels_match_the_cpu_references() {
             let (mut p, mut buf) = (x.clone(), vec![0.0; n]);
             let (p_dev, buf_dev) = (upload(&mut allocator, &kernels, s, &p), upload(&mut allocator, &kernels, s, &buf));
             for step in 0..3 {
-                let momentum = (sgd.momentum != 0.0).then(|| DeviceSpan::from(&buf_dev));
-                kernels.sgd_step(s, &p_dev, &dy_dev, momentum, SgdStep { n: n64, sgd, first_step: step == 0 }).unwrap();
+                let momentum = (sgd.momentum != 0.0).then_some(&buf_dev);
+                let op = SgdStep { param: &p_dev, grad: &dy_dev, momentum, n: n64, sgd, first_step: step == 0 };
+                kernels.sgd_step(s, op).unwrap();
                 cpu::sgd_step(&mut p, &dy, &mut buf, sgd, step == 0);
             }
             assert_close("sgd_step", &read(&kernels, s, &p_dev, n), &p);
@@ -112,7 +117,12 @@ fn elementwise_kernels_match_the_cpu_references() {
             upload(&mut allocator, &kernels, s, &v),
         );
         for step in 1..=3 {
-            kernels.adam_step(s, &p_dev, &dy_dev, &m_dev, &v_dev, AdamStep { n: n64, adam, step }).unwrap();
+            kernels
+                .adam_step(
+                    s,
+                    AdamStep { param: &p_dev, grad: &dy_dev, exp_avg: &m_dev, exp_avg_sq: &v_dev, n: n64, adam, step },
+                )
+                .unwrap();
             cpu::adam_step(&mut p, &dy, &mut m, &mut v, adam, step);
         }
         assert_close("adam_step param", &read(&kernels, s, &p_dev, n), &p);
@@ -136,7 +146,7 @@ fn elementwise_kernels_match_the_cpu_references() {
         assert_close("add_bias", &read(&kernels, s, &x_dev, n), &want);
 
         let sums_dev = upload(&mut allocator, &kernels, s, &bias);
-        kernels.sum_rows(s, &x_dev, &sums_dev, SumRows { rows, cols, accumulate: true }).unwrap();
+        kernels.sum_rows(s, SumRows { x: &x_dev, out: &sums_dev, rows, cols, accumulate: true }).unwrap();
         let mut sums = bias.clone();
         cpu::sum_rows(&want, &mut sums, rows, cols, true);
         let got = read(&kernels, s, &sums_dev, cols as usize);
@@ -148,7 +158,11 @@ fn elementwise_kernels_match_the_cpu_references() {
         let (loss_dev, grad_dev) = (allocator.malloc(4, s).unwrap(), allocator.malloc(n as u64 * 4, s).unwrap());
         let before = allocator.memory_allocated();
         kernels
-            .cross_entropy(&mut allocator, s, &x_dev, &targets_dev, &loss_dev, &grad_dev, CrossEntropy { rows, cols })
+            .cross_entropy(
+                &mut allocator,
+                s,
+                CrossEntropy { logits: &x_dev, targets: &targets_dev, loss: &loss_dev, grad: &grad_dev, rows, cols },
+            )
             .unwrap();
         assert_eq!(allocator.memory_allocated(), before, "the scratch row goes back at once");
         let mut grad = vec![0.0; n];
@@ -184,8 +198,8 @@ fn matmul_through_cublas_matches_the_cpu() {
                     upload(&mut allocator, &kernels, s, &c0),
                     upload(&mut allocator, &kernels, s, &bias),
                 );
-                let options = MatmulOptions { beta, bias: with_bias.then(|| DeviceSpan::from(&bias_dev)) };
-                kernels.matmul(&mut allocator, s, &a_dev, &b_dev, &c_dev, shape, options).unwrap();
+                let op = Matmul { a: &a_dev, b: &b_dev, c: &c_dev, shape, beta, bias: with_bias.then_some(&bias_dev) };
+                kernels.matmul(&mut allocator, s, op).unwrap();
                 let mut want = c0.clone();
                 cpu::matmul(&a, &b, &mut want, shape, beta, with_bias.then_some(&bias[..]));
                 let got = read(&kernels, s, &c_dev, ec as usize);
@@ -203,13 +217,13 @@ fn matmul_through_cublas_matches_the_cpu() {
         upload(&mut allocator, &kernels, s, &[7.0; 6]),
         upload(&mut allocator, &kernels, s, &[1.0, 2.0, 3.0]),
     );
-    kernels.matmul(&mut allocator, s, &a_dev, &a_dev, &c_dev, MatmulShape::nn(0, 3, 2), Default::default()).unwrap();
+    kernels.matmul(&mut allocator, s, Matmul::new(&a_dev, &a_dev, &c_dev, MatmulShape::nn(0, 3, 2))).unwrap();
     assert_eq!(read(&kernels, s, &c_dev, 6), vec![7.0; 6]);
-    let options = MatmulOptions { beta: 0.0, bias: Some(DeviceSpan::from(&bias_dev)) };
-    kernels.matmul(&mut allocator, s, &a_dev, &a_dev, &c_dev, MatmulShape::nn(2, 3, 0), options).unwrap();
+    let op = Matmul { bias: Some(&bias_dev), ..Matmul::new(&a_dev, &a_dev, &c_dev, MatmulShape::nn(2, 3, 0)) };
+    kernels.matmul(&mut allocator, s, op).unwrap();
     assert_eq!(read(&kernels, s, &c_dev, 6), vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
     // Operands too small are refused before anything runs.
-    let err = kernels.matmul(&mut allocator, s, &a_dev, &a_dev, &c_dev, MatmulShape::nn(3, 3, 3), Default::default());
+    let err = kernels.matmul(&mut allocator, s, Matmul::new(&a_dev, &a_dev, &c_dev, MatmulShape::nn(3, 3, 3)));
     assert!(matches!(err, Err(CudaError::InvalidArguments(_))), "{err:?}");
 }
 
