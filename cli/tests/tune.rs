@@ -110,3 +110,15 @@ fn bad_input_exits_2() {
     let out = cachalot(&["tune", "no-such-trace.pickle"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A device size no device has is an error naming the limit, not a panic in the replay.
+#[test]
+fn an_impossible_device_total_is_an_error() {
+    for command in ["tune", "replay", "stats"] {
+        let out = cachalot(&[command, &trace("seeds"), "--device-total", "18446744073709551615"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("larger than any device (at most 1 EiB"), "{command}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{command}: {stderr}");
+    }
+}

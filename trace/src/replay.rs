@@ -18,7 +18,7 @@ use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
-use cachalot_core::size::SMALL_BUFFER;
+use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER};
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
 use cachalot_core::{Allocation, CachingAllocator};
@@ -89,6 +89,10 @@ pub enum ReplayError {
         /// The address.
         addr: u64,
     },
+    /// A device size no device has: above 1 EiB, the most PyTorch lets one request ask for, the
+    /// simulated address space of the replay could not hold the recording's segments.
+    #[error("a device of {0} bytes is larger than any device (at most 1 EiB = {MAX_REQUEST} bytes)")]
+    DeviceTotal(u64),
     /// The allocator could not be set up.
     #[error("allocator setup: {0}")]
     Setup(#[from] AllocatorError),
@@ -240,6 +244,9 @@ pub fn replay(
         .device_traces
         .get(device)
         .ok_or(ReplayError::NoTrace { device, available: snapshot.device_traces.len() })?;
+    if options.device_total > MAX_REQUEST {
+        return Err(ReplayError::DeviceTotal(options.device_total));
+    }
 
     let mut sim = SimBackend::new(options.device_total);
     let (segments, reservations) = planned_addresses(trace, options);

@@ -198,7 +198,11 @@ impl Tuning {
 /// A search that could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum TuneError {
-    /// The trace's replay failed.
+    /// The trace cannot be replayed at all (no trace for the device, a device size no device
+    /// has, an allocator that cannot be set up): its replay under its own settings failed.
+    #[error("{0}")]
+    Trace(ReplayError),
+    /// A candidate's replay failed.
     #[error("{settings:?}: {error}")]
     Replay {
         /// The candidate setting.
@@ -220,7 +224,10 @@ pub enum TuneError {
 /// and ranks them by `objective`. `options.device_total` is the device replayed on.
 pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Objective) -> Result<Tuning, TuneError> {
     let space = SearchSpace::of(snapshot, options);
-    let baseline = measure(snapshot, options, options.config.settings())?;
+    let baseline = measure(snapshot, options, options.config.settings()).map_err(|e| match e {
+        TuneError::Replay { error, .. } => TuneError::Trace(error),
+        other => other,
+    })?;
     let mut tried: BTreeSet<String> = BTreeSet::from([baseline.settings.clone()]);
     let mut ranked = vec![baseline.clone()];
 
