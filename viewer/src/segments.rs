@@ -281,9 +281,11 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
         rows.len(),
         |ui, range| {
             let width = ui.available_width();
-            let label_width = label_column_width(ui, &rows[range.clone()], width);
+            // Each visible row's label, made once: it sets the column's width and is painted.
+            let labels: Vec<String> = rows[range.clone()].iter().map(row_label).collect();
+            let label_width = label_column_width(ui, &labels, width);
             let bar_width = (width - label_width - 8.0).max(50.0);
-            for row in &rows[range] {
+            for (row, label) in rows[range].iter().zip(labels) {
                 let (rect, response) = ui.allocate_exact_size(Vec2::new(width, ROW_HEIGHT), Sense::click_and_drag());
                 let bytes_per_point = match map.per_row_scale {
                     true => row.len().max(1) as f64 / bar_width as f64 / map.zoom as f64,
@@ -293,7 +295,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
                     Pos2::new(rect.left() + label_width, rect.top() + 2.0),
                     Pos2::new(rect.right(), rect.bottom() - 2.0),
                 );
-                paint_row(ui, row, rect, bar, bytes_per_point, map);
+                paint_row(ui, row, label, rect, bar, bytes_per_point, map);
                 if response.dragged() {
                     map.pan = (map.pan - response.drag_delta().x).max(0.0);
                 }
@@ -342,18 +344,26 @@ fn row_label(row: &Row) -> String {
     )
 }
 
-/// The label column's width for `rows`: the longest label (monospace, so its characters times one
+/// The label column's width for the visible rows' `labels`: the longest label (monospace, so its characters times one
 /// glyph's width) and the stream marker before it, at least [`LABEL_WIDTH`], and at most 45% of
 /// the map's `width`, past which a label is cut at the column's edge.
-fn label_column_width(ui: &egui::Ui, rows: &[Row], width: f32) -> f32 {
-    let longest = rows.iter().map(|row| row_label(row).chars().count()).max().unwrap_or(0);
+fn label_column_width(ui: &egui::Ui, labels: &[String], width: f32) -> f32 {
+    let longest = labels.iter().map(|label| label.chars().count()).max().unwrap_or(0);
     let glyph = ui.fonts_mut(|f| f.glyph_width(&FontId::monospace(LABEL_FONT_SIZE), '0'));
     (10.0 + longest as f32 * glyph + 12.0).max(LABEL_WIDTH).min((width * 0.45).max(LABEL_WIDTH))
 }
 
-/// Paints a row's label and its pieces; blocks narrower than a point share a pixel, which
-/// takes the colour of the most telling one.
-fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f64, map: &mut SegmentMapState) {
+/// Paints a row's `label` ([`row_label`]) and its pieces; blocks narrower than a point share a
+/// pixel, which takes the colour of the most telling one.
+fn paint_row(
+    ui: &egui::Ui,
+    row: &Row,
+    label: String,
+    rect: Rect,
+    bar: Rect,
+    bytes_per_point: f64,
+    map: &mut SegmentMapState,
+) {
     let painter = ui.painter_at(rect);
     let text = ui.visuals().text_color();
     painter.rect_filled(
@@ -366,7 +376,7 @@ fn paint_row(ui: &egui::Ui, row: &Row, rect: Rect, bar: Rect, bytes_per_point: f
     painter_label.text(
         Pos2::new(rect.left() + 10.0, rect.center().y),
         egui::Align2::LEFT_CENTER,
-        row_label(row),
+        label,
         FontId::monospace(LABEL_FONT_SIZE),
         text,
     );

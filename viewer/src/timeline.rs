@@ -13,6 +13,9 @@ use crate::style;
 const MARK_LABEL_ROWS: usize = 3;
 /// Points between two labels of one row.
 const MARK_LABEL_GAP: f32 = 6.0;
+/// Most marks in view whose labels are measured and laid out in a frame: more would not fit in
+/// the rows anyway, and measuring every mark of a long run each frame would cost its frame rate.
+const MAX_MARK_LABELS: usize = 120;
 
 /// What the timeline remembers between frames.
 #[derive(Clone, Debug)]
@@ -136,10 +139,11 @@ const MARK_COLOR: Color32 = Color32::from_gray(170);
 fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) {
     let from = run.marks.partition_point(|m| (m.trace_index as f64) < x0);
     let to = run.marks.partition_point(|m| (m.trace_index as f64) <= x1);
-    let marks = &run.marks[from..to];
-    if marks.is_empty() {
+    if from == to {
         return;
     }
+    let step = (to - from).div_ceil(MAX_MARK_LABELS);
+    let marks: Vec<&cachalot_core::Mark> = run.marks[from..to].iter().step_by(step).collect();
     let transform = *plot_ui.transform();
     let font = egui::TextStyle::Small.resolve(&plot_ui.ctx().global_style());
     let row_height = plot_ui.ctx().fonts_mut(|f| f.row_height(&font)) + 2.0;
