@@ -33,6 +33,7 @@ LAYERS = {
     "cachalot-cuda": 2,
     "cachalot-wgpu": 2,
     "cachalot-runtime": 3,
+    "cachalot-torch": 3,
     "cachalot-viewer": 4,
     "cachalot-cli": 5,
 }

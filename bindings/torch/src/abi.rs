@@ -1,0 +1,188 @@
+//! The C ABI PyTorch's `CUDAPluggableAllocator` calls, over the process-wide [`registry()`].
+//!
+//! `torch.cuda.memory.CUDAPluggableAllocator(path, "cachalot_torch_alloc", "cachalot_torch_free")`
+//! takes the first two directly; the C++ hooks PyTorch 2.11 only reaches from C++
+//! (`set_record_stream_fn`, `set_reset_fn`, `set_memory_fraction_fn`) take the others, through the
+//! Python package's shim. Signatures, as `torch/csrc/cuda/CUDAPluggableAllocator.h` declares them:
+//!
+//! ```c
+//! void* cachalot_torch_alloc(size_t size, int device, cudaStream_t stream);
+//! void  cachalot_torch_free(void* ptr, size_t size, int device, cudaStream_t stream);
+//! void  cachalot_torch_record_stream(void* ptr, cudaStream_t stream);
+//! void  cachalot_torch_empty_cache(void);
+//! void  cachalot_torch_set_memory_fraction(double fraction, int device);
+//! const char* cachalot_torch_last_error(int* kind);   /* 0 none, 1 out of memory, 2 other */
+//! int   cachalot_torch_configure(const char* settings, uint64_t simulator_capacity);
+//! ```
+//!
+//! A failed `alloc` returns null and leaves its message for `cachalot_torch_last_error` on the
+//! calling thread: PyTorch's pluggable allocator does not check for null itself, so the shim
+//! raises `torch.OutOfMemoryError` (kind 1) or `RuntimeError` (kind 2) with it. The hooks
+//! returning `void` cannot report to PyTorch; their failures are printed on stderr and kept for
+//! `cachalot_torch_last_error`. No call unwinds into C: a panic becomes an error of kind 2.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+use cachalot_core::{AllocatorConfig, StreamId};
+
+use crate::registry::{DeviceKind, Failure, Registry, Settings};
+
+/// `cachalot_torch_last_error`'s kind: no error since the last call.
+pub const ERROR_NONE: c_int = 0;
+/// `cachalot_torch_last_error`'s kind: the allocation cannot be met (PyTorch's OOM message).
+pub const ERROR_OUT_OF_MEMORY: c_int = 1;
+/// `cachalot_torch_last_error`'s kind: any other failure.
+pub const ERROR_OTHER: c_int = 2;
+
+/// The registry behind the C ABI: one per process, as PyTorch has one current allocator.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Registry::default)
+}
+
+thread_local! {
+    /// The last failure on this thread and its message (kept alive for the returned pointer).
+    static LAST_ERROR: RefCell<(c_int, CString)> = RefCell::new((ERROR_NONE, CString::default()));
+}
+
+fn set_last_error(failure: &Failure) {
+    let kind = match failure {
+        Failure::OutOfMemory(_) => ERROR_OUT_OF_MEMORY,
+        Failure::Error(_) => ERROR_OTHER,
+    };
+    // A message with a NUL in it is cut there rather than lost.
+    let message = failure.message().split('\0').next().unwrap_or_default();
+    let message = CString::new(message).unwrap_or_default();
+    LAST_ERROR.with(|slot| *slot.borrow_mut() = (kind, message));
+}
+
+/// Runs `f`, turning a panic into a [`Failure`] (nothing may unwind into PyTorch).
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Failure::Error(format!("cachalot_torch: {what} panicked: {detail}")))
+        }
+    }
+}
+
+/// Reports a failure of a `void` hook: kept for `cachalot_torch_last_error` and printed, since
+/// PyTorch has no way to hear it.
+fn report(what: &str, result: Result<(), Failure>) {
+    if let Err(failure) = result {
+        eprintln!("cachalot_torch: {what}: {}", failure.message());
+        set_last_error(&failure);
+    }
+}
+
+fn ordinal(device: c_int) -> Result<usize, Failure> {
+    usize::try_from(device).map_err(|_| Failure::Error(format!("device {device} is not a CUDA device ordinal")))
+}
+
+/// `alloc_fn` of `CUDAPluggableAllocator`: a device pointer of at least `size` bytes on
+/// `device` for use on `stream`, or null with the reason left for
+/// [`cachalot_torch_last_error`]. `size` 0 is null without an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_alloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let result = guarded("alloc", || registry().alloc(size as u64, ordinal(device)?, StreamId(stream as u64)));
+    match result {
+        Ok(address) => address as usize as *mut c_void,
+        Err(failure) => {
+            set_last_error(&failure);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `free_fn` of `CUDAPluggableAllocator`: returns `ptr` to the cache of `device`. `size` and
+/// `stream` are PyTorch's record of the allocation; the allocator keeps its own.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {
+    let _ = (size, stream);
+    report("free", guarded("free", || registry().free(ptr as u64, ordinal(device)?)));
+}
+
+/// `record_stream_fn`: the block of `ptr` is used on `stream` too (`Tensor.record_stream`), so
+/// once freed it is not reused before the work queued on `stream` until then has finished.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    report("record_stream", guarded("record_stream", || registry().record_stream(ptr as u64, StreamId(stream as u64))));
+}
+
+/// `reset_fn` (PyTorch's `emptyCache`): releases every unused cached segment of every device.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_empty_cache() {
+    report("empty_cache", guarded("empty_cache", || registry().empty_cache()));
+}
+
+/// `memory_fraction_fn`: caps `device`'s reserved memory at `fraction` of its total.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_set_memory_fraction(fraction: f64, device: c_int) {
+    report(
+        "set_memory_fraction",
+        guarded("set_memory_fraction", || registry().set_memory_fraction(fraction, ordinal(device)?)),
+    );
+}
+
+/// The last failure on the calling thread: its message (valid until the thread's next call
+/// into this library), and its kind in `*kind` when `kind` is not null ([`ERROR_NONE`],
+/// [`ERROR_OUT_OF_MEMORY`] or [`ERROR_OTHER`]). Reading it clears the kind.
+///
+/// # Safety
+/// `kind` is null or points to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachalot_torch_last_error(kind: *mut c_int) -> *const c_char {
+    LAST_ERROR.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if !kind.is_null() {
+            // SAFETY: the caller passes a writable int or null.
+            unsafe { *kind = slot.0 };
+        }
+        slot.0 = ERROR_NONE;
+        slot.1.as_ptr()
+    })
+}
+
+/// Sets what devices made from now on start with: `settings` in `PYTORCH_CUDA_ALLOC_CONF`
+/// syntax (null or "" for the defaults), on CUDA when `simulator_capacity` is 0, else on
+/// simulated devices of that many bytes. Returns 0, or 1 with the reason for
+/// [`cachalot_torch_last_error`] (a configuration that does not parse).
+///
+/// # Safety
+/// `settings` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachalot_torch_configure(settings: *const c_char, simulator_capacity: u64) -> c_int {
+    let text = if settings.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned()
+    };
+    let result = guarded("configure", || {
+        let config =
+            AllocatorConfig::parse(&text).map_err(|e| Failure::Error(format!("allocator settings {text:?}: {e}")))?;
+        let device = if simulator_capacity == 0 {
+            DeviceKind::Cuda
+        } else {
+            DeviceKind::Simulator { capacity: simulator_capacity }
+        };
+        let current = registry().settings();
+        registry().configure(Settings { config, device, ..current });
+        Ok(())
+    });
+    match result {
+        Ok(()) => 0,
+        Err(failure) => {
+            set_last_error(&failure);
+            1
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! `Registry`: one caching allocator per device, made on the first request for that device,
+//! each behind its own mutex (PyTorch calls from many threads: autograd runs backward on its
+//! own, DataLoader pin threads and NCCL watchdogs allocate too).
+//!
+//! PyTorch gives the allocator a pointer and gets a pointer back; the registry keeps, per
+//! device, the live [`Allocation`] handle of each pointer it handed out, so `free` and
+//! `record_stream` find their block. Every failure is an error value naming what failed; the
+//! C ABI (`crate::abi`) turns them into a null pointer plus a message.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use cachalot_core::trace::TraceAction;
+use cachalot_core::{Allocation, AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use cachalot_trace::snapshot::pickle::write_snapshot;
+use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
+use rustc_hash::FxHashMap;
+
+use crate::backend::{DeviceBackend, TorchCudaBackend};
+
+/// Device ordinals the registry serves (`0..MAX_DEVICES`).
+pub const MAX_DEVICES: usize = 64;
+
+/// Which device the allocators drive.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeviceKind {
+    /// The CUDA device of the same ordinal, through `cachalot-cuda`.
+    Cuda,
+    /// A simulated device of `capacity` bytes per ordinal (tests; machines without a GPU).
+    Simulator {
+        /// Total memory of each simulated device.
+        capacity: u64,
+    },
+}
+
+/// The memory history settings (`torch.cuda.memory._record_memory_history`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct History {
+    /// Ring-buffer length.
+    pub max_entries: usize,
+    /// Actions not recorded.
+    pub skip: Vec<TraceAction>,
+}
+
+/// What every allocator made from now on starts with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax).
+    pub config: AllocatorConfig,
+    /// The device behind the allocators.
+    pub device: DeviceKind,
+    /// History recording, applied to devices made later too (PyTorch records on all devices).
+    pub history: Option<History>,
+    /// Where to write a PyTorch snapshot pickle when an allocation runs out of memory.
+    pub oom_snapshot: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { config: AllocatorConfig::default(), device: DeviceKind::Cuda, history: None, oom_snapshot: None }
+    }
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Failure {
+    /// The allocation cannot be met: PyTorch's out-of-memory message.
+    OutOfMemory(String),
+    /// Anything else (no device, a bad pointer, a driver error), in words.
+    Error(String),
+}
+
+impl Failure {
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::OutOfMemory(m) | Failure::Error(m) => m,
+        }
+    }
+}
+
+/// One device's allocator and the handles of the pointers it handed out.
+pub struct DeviceState {
+    /// The allocator.
+    pub allocator: CachingAllocator<DeviceBackend>,
+    live: FxHashMap<u64, Allocation>,
+}
+
+impl DeviceState {
+    /// Number of pointers handed out and not freed.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+}
+
+type Slot = Result<Mutex<DeviceState>, String>;
+
+/// The allocators of all devices.
+pub struct Registry {
+    slots: Vec<OnceLock<Slot>>,
+    settings: Mutex<Settings>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new(Settings::default())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic under the lock (caught at the C ABI) leaves the allocator as consistent as any
+    // error does: keep serving.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Registry {
+    /// A registry whose devices will start with `settings`.
+    pub fn new(settings: Settings) -> Self {
+        Registry { slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(), settings: Mutex::new(settings) }
+    }
+
+    /// The settings devices made from now on start with.
+    pub fn settings(&self) -> Settings {
+        lock(&self.settings).clone()
+    }
+
+    /// Replaces the settings. Devices already made keep their configuration and backend; the
+    /// history and OOM-snapshot settings apply to all.
+    pub fn configure(&self, settings: Settings) {
+        *lock(&self.settings) = settings;
+    }
+
+    /// Device `device`'s allocator, made now if this is the first request for it.
+    pub fn device(&self, device: usize) -> Result<&Mutex<DeviceState>, Failure> {
+        let slot = self.slots.get(device).ok_or_else(|| {
+            Failure::Error(format!("device {device} is beyond the {MAX_DEVICES} devices cachalot_torch serves"))
+        })?;
+        slot.get_or_init(|| self.make_device(device).map(Mutex::new)).as_ref().map_err(|e| Failure::Error(e.clone()))
+    }
+
+    fn make_device(&self, device: usize) -> Result<DeviceState, String> {
+        let settings = self.settings();
+        let backend = match settings.device {
+            DeviceKind::Cuda => DeviceBackend::Cuda(
+                TorchCudaBackend::new(device).map_err(|e| format!("CUDA device {device} is not usable: {e}"))?,
+            ),
+            DeviceKind::Simulator { capacity } => DeviceBackend::Sim(SimBackend::new(capacity)),
+        };
+        let mut allocator = CachingAllocator::new(backend, settings.config.clone())
+            .map_err(|e| format!("cannot make the allocator of device {device}: {e}"))?;
+        if let Some(history) = &settings.history {
+            allocator.record_history(true, history.max_entries, &history.skip, false);
+        }
+        Ok(DeviceState { allocator, live: FxHashMap::default() })
+    }
+
+    /// The devices made so far, in ordinal order.
+    pub fn devices(&self) -> impl Iterator<Item = (usize, &Mutex<DeviceState>)> {
+        self.slots.iter().enumerate().filter_map(|(i, slot)| match slot.get() {
+            Some(Ok(state)) => Some((i, state)),
+            _ => None,
+        })
+    }
+
+    /// Runs `f` on device `device`'s state (made now if needed), under its lock.
+    pub fn with_device<R>(&self, device: usize, f: impl FnOnce(&mut DeviceState) -> R) -> Result<R, Failure> {
+        let state = self.device(device)?;
+        Ok(f(&mut lock(state)))
+    }
+
+    /// `alloc(size, device, stream)`: a device pointer of at least `size` bytes for use on
+    /// `stream`. A zero-byte request is the null pointer, as PyTorch's allocator answers it,
+    /// without touching the allocator.
+    pub fn alloc(&self, size: u64, device: usize, stream: StreamId) -> Result<u64, Failure> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let result = {
+            let mut state = lock(self.device(device)?);
+            match state.allocator.malloc(size, stream) {
+                Ok(allocation) => {
+                    state.live.insert(allocation.address(), allocation);
+                    Ok(allocation.address())
+                }
+                Err(error) => Err(error),
+            }
+        };
+        match result {
+            Ok(address) => Ok(address),
+            Err(AllocatorError::OutOfMemory(oom)) => {
+                // Outside the device lock: the snapshot takes every device's lock in turn.
+                self.write_oom_snapshot();
+                Err(Failure::OutOfMemory(oom.message))
+            }
+            Err(other) => Err(Failure::Error(format!("allocation of {size} bytes on device {device} failed: {other}"))),
+        }
+    }
+
+    /// `free(ptr, size, device, stream)`: returns a pointer from [`Registry::alloc`]. The block
+    /// stays unusable until the work of every stream recorded on it (`record_stream`) is done.
+    pub fn free(&self, address: u64, device: usize) -> Result<(), Failure> {
+        if address == 0 {
+            return Ok(());
+        }
+        let mut state = lock(self.device(device)?);
+        let allocation = state.live.remove(&address).ok_or_else(|| {
+            Failure::Error(format!("free of {address:#x} on device {device}, which cachalot_torch did not hand out"))
+        })?;
+        state.allocator.free(allocation).map_err(|e| Failure::Error(format!("free of {address:#x} failed: {e}")))
+    }
+
+    /// `record_stream(ptr, stream)`: the block of `ptr` is also used on `stream`. PyTorch does
+    /// not say which device the pointer is on, so each device made so far is asked.
+    pub fn record_stream(&self, address: u64, stream: StreamId) -> Result<(), Failure> {
+        if address == 0 {
+            return Ok(());
+        }
+        for (_, state) in self.devices() {
+            let mut state = lock(state);
+            if let Some(allocation) = state.live.get(&address).copied() {
+                return state
+                    .allocator
+                    .record_stream(&allocation, stream)
+                    .map_err(|e| Failure::Error(format!("record_stream of {address:#x} failed: {e}")));
+            }
+        }
+        Err(Failure::Error(format!("record_stream of {address:#x}, which cachalot_torch did not hand out")))
+    }
+
+    /// `empty_cache()` on every device made so far (PyTorch's `emptyCache` has no device).
+    pub fn empty_cache(&self) -> Result<(), Failure> {
+        for (device, state) in self.devices() {
+            lock(state)
+                .allocator
+                .empty_cache()
+                .map_err(|e| Failure::Error(format!("empty_cache on device {device} failed: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// `set_per_process_memory_fraction(fraction, device)`.
+    pub fn set_memory_fraction(&self, fraction: f64, device: usize) -> Result<(), Failure> {
+        self.with_device(device, |state| state.allocator.set_memory_fraction(fraction))?
+            .map_err(|e| Failure::Error(format!("memory fraction {fraction} on device {device}: {e}")))
+    }
+
+    /// Turns history recording on (with `max_entries` and the actions to skip) or off, on
+    /// every device made so far and those made later.
+    pub fn record_history(&self, history: Option<History>, clear: bool) {
+        lock(&self.settings).history = history.clone();
+        for (_, state) in self.devices() {
+            let mut state = lock(state);
+            match &history {
+                Some(h) => state.allocator.record_history(true, h.max_entries, &h.skip, clear),
+                None => state.allocator.record_history(false, 0, &[], true),
+            }
+        }
+    }
+
+    /// What `torch.cuda.memory._snapshot()` returns, for all devices made so far: segments of
+    /// every device, one trace per ordinal up to the highest made (empty for the others), and
+    /// the allocator settings of the first device.
+    pub fn snapshot(&self, include_traces: bool) -> TorchSnapshot {
+        let mut snapshot = TorchSnapshot::default();
+        for (device, state) in self.devices() {
+            let state = lock(state);
+            let allocator = &state.allocator;
+            snapshot.segments.extend(allocator.snapshot().iter().map(|s| TorchSegment::from_segment(s, device as i64)));
+            snapshot.device_traces.resize_with(device + 1, Vec::new);
+            if include_traces {
+                snapshot.device_traces[device] = allocator.trace();
+            }
+            if snapshot.allocator_settings.is_none() {
+                snapshot.allocator_settings = Some(TorchAllocatorSettings::from_config(allocator.config()));
+                // No stacks are recorded through the pluggable interface, so the tables hold
+                // nothing a second device would add.
+                snapshot.contexts = allocator.contexts().clone();
+            }
+        }
+        if snapshot.allocator_settings.is_none() {
+            snapshot.allocator_settings = Some(TorchAllocatorSettings::from_config(&self.settings().config));
+        }
+        snapshot
+    }
+
+    /// [`Registry::snapshot`] as PyTorch's pickle (what `_dump_snapshot` writes).
+    pub fn snapshot_pickle(&self, include_traces: bool) -> Result<Vec<u8>, Failure> {
+        write_snapshot(&self.snapshot(include_traces)).map_err(|e| Failure::Error(format!("snapshot pickle: {e}")))
+    }
+
+    fn write_oom_snapshot(&self) {
+        let Some(path) = self.settings().oom_snapshot else { return };
+        let written = self
+            .snapshot_pickle(true)
+            .and_then(|bytes| std::fs::write(&path, bytes).map_err(|e| Failure::Error(e.to_string())));
+        match written {
+            Ok(()) => eprintln!("cachalot_torch: out of memory; snapshot written to {}", path.display()),
+            Err(e) => {
+                eprintln!("cachalot_torch: out of memory; the snapshot to {} failed: {}", path.display(), e.message())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachalot_trace::snapshot::pickle::read_snapshot;
+
+    fn simulated(settings: &str) -> Registry {
+        Registry::new(Settings {
+            config: AllocatorConfig::parse(settings).expect("valid settings"),
+            device: DeviceKind::Simulator { capacity: 8 << 30 },
+            ..Settings::default()
+        })
+    }
+
+    #[test]
+    fn the_snapshot_pickle_holds_every_device_and_its_history() {
+        let registry = simulated("");
+        registry.record_history(Some(History { max_entries: 1000, skip: Vec::new() }), false);
+        let a = registry.alloc(1 << 20, 0, StreamId::DEFAULT).expect("fits");
+        let b = registry.alloc(3 << 20, 2, StreamId(0x10)).expect("fits");
+        registry.free(a, 0).expect("live");
+        let bytes = registry.snapshot_pickle(true).expect("writes");
+        let snapshot = read_snapshot(&bytes).expect("PyTorch's format reads back");
+        let devices: Vec<i64> = snapshot.segments.iter().map(|s| s.device).collect();
+        assert_eq!(devices, [0, 2]);
+        assert_eq!(snapshot.device_traces.len(), 3);
+        let actions = |d: usize| snapshot.device_traces[d].iter().map(|e| e.action.name()).collect::<Vec<_>>();
+        assert_eq!(actions(0), ["segment_alloc", "alloc", "free_requested", "free_completed"]);
+        assert!(actions(1).is_empty());
+        assert_eq!(actions(2), ["segment_alloc", "alloc"]);
+        assert_eq!(snapshot.segments[1].stream, 0x10);
+        registry.free(b, 2).expect("live");
+    }
+
+    #[test]
+    fn history_set_before_a_device_exists_applies_when_it_is_made() {
+        let registry = simulated("expandable_segments:True");
+        registry.record_history(Some(History { max_entries: 10, skip: vec![TraceAction::Alloc] }), false);
+        let p = registry.alloc(512, 5, StreamId::DEFAULT).expect("fits");
+        let trace = registry.with_device(5, |d| d.allocator.trace()).expect("made");
+        assert_eq!(trace.iter().map(|e| e.action.name()).collect::<Vec<_>>(), ["segment_map"]);
+        registry.record_history(None, true);
+        registry.free(p, 5).expect("live");
+        assert!(registry.with_device(5, |d| d.allocator.trace()).expect("made").is_empty());
+        let settings = registry.snapshot(false).allocator_settings.expect("settings");
+        assert!(settings.expandable_segments);
+    }
+
+    #[test]
+    fn a_device_that_cannot_be_made_says_why_every_time() {
+        let registry = Registry::new(Settings {
+            config: AllocatorConfig::parse("backend:cudaMallocAsync").expect("valid settings"),
+            device: DeviceKind::Simulator { capacity: 1 << 30 },
+            ..Settings::default()
+        });
+        for _ in 0..2 {
+            let failure = registry.alloc(512, 0, StreamId::DEFAULT).expect_err("refused");
+            assert!(failure.message().contains("cudaMallocAsync"), "{}", failure.message());
+        }
+        assert_eq!(registry.devices().count(), 0);
+    }
+}

@@ -1,0 +1,278 @@
+//! The C ABI PyTorch calls, against simulated devices: the exported functions themselves, with
+//! raw stream handles as PyTorch passes them (arbitrary pointer values: a fake stream map),
+//! from many threads at once. Each test uses a device ordinal of its own, since the registry
+//! behind the ABI is one per process.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::{Mutex, Once};
+
+use cachalot_core::{Backend, StreamId};
+use cachalot_torch::abi::{
+    ERROR_NONE, ERROR_OTHER, ERROR_OUT_OF_MEMORY, cachalot_torch_alloc, cachalot_torch_configure,
+    cachalot_torch_empty_cache, cachalot_torch_free, cachalot_torch_last_error, cachalot_torch_record_stream,
+    cachalot_torch_set_memory_fraction, registry,
+};
+use cachalot_torch::backend::DeviceBackend;
+
+const CAPACITY: u64 = 1 << 30;
+const MIB: usize = 1 << 20;
+
+/// `cudaStream_t` values as PyTorch would pass them: the legacy default stream and two others.
+const DEFAULT: *mut c_void = std::ptr::null_mut();
+const SIDE: *mut c_void = 0x7f3a_0000_1000usize as *mut c_void;
+const OTHER: *mut c_void = 0x7f3a_0000_2000usize as *mut c_void;
+
+fn simulated_devices() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: null settings mean the defaults.
+        let status = unsafe { cachalot_torch_configure(std::ptr::null(), CAPACITY) };
+        assert_eq!(status, 0);
+    });
+}
+
+fn last_error() -> (c_int, String) {
+    let mut kind = -1;
+    // SAFETY: a writable int; the message is copied before the next call.
+    let message = unsafe { CStr::from_ptr(cachalot_torch_last_error(&mut kind)) };
+    (kind, message.to_string_lossy().into_owned())
+}
+
+fn stats(device: usize) -> (u64, u64) {
+    registry()
+        .with_device(device, |d| (d.allocator.memory_allocated(), d.allocator.memory_reserved()))
+        .expect("device made")
+}
+
+fn consistent(device: usize) {
+    let check = registry().with_device(device, |d| d.allocator.check_consistency()).expect("device made");
+    assert_eq!(check, Ok(()));
+}
+
+fn with_simulator(device: usize, f: impl FnOnce(&mut cachalot_core::SimBackend)) {
+    registry()
+        .with_device(device, |d| match d.allocator.backend_mut() {
+            DeviceBackend::Sim(sim) => f(sim),
+            DeviceBackend::Cuda(_) => panic!("the tests configure simulated devices"),
+        })
+        .expect("device made");
+}
+
+#[test]
+fn a_freed_pointer_is_cached_and_handed_out_again() {
+    simulated_devices();
+    let device = 1;
+    let x = cachalot_torch_alloc(4 * MIB, device, DEFAULT);
+    assert!(!x.is_null(), "{:?}", last_error());
+    // PyTorch's rules: 4 MiB is a large block, from a 20 MiB segment.
+    assert_eq!(stats(1), (4 << 20, 20 << 20));
+    cachalot_torch_free(x, 4 * MIB, device, DEFAULT);
+    assert_eq!(stats(1), (0, 20 << 20));
+    let y = cachalot_torch_alloc(4 * MIB, device, DEFAULT);
+    assert_eq!(y, x, "the cached block is reused");
+    cachalot_torch_free(y, 4 * MIB, device, DEFAULT);
+    cachalot_torch_empty_cache();
+    assert_eq!(stats(1), (0, 0));
+    consistent(1);
+}
+
+#[test]
+fn zero_bytes_are_the_null_pointer_without_an_error() {
+    simulated_devices();
+    let _ = last_error();
+    assert!(cachalot_torch_alloc(0, 2, DEFAULT).is_null());
+    assert_eq!(last_error().0, ERROR_NONE);
+    cachalot_torch_free(std::ptr::null_mut(), 0, 2, DEFAULT);
+    assert_eq!(last_error().0, ERROR_NONE);
+}
+
+#[test]
+fn out_of_memory_is_null_with_pytorchs_message_and_the_allocator_stays_usable() {
+    simulated_devices();
+    let device = 3;
+    let held = cachalot_torch_alloc(600 * MIB, device, DEFAULT);
+    assert!(!held.is_null());
+    let refused = cachalot_torch_alloc(600 * MIB, device, DEFAULT);
+    assert!(refused.is_null());
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OUT_OF_MEMORY);
+    assert!(
+        message
+            .starts_with("CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of 1024.00 MiB"),
+        "{message}"
+    );
+    assert_eq!(last_error().0, ERROR_NONE, "reading the error clears it");
+    consistent(3);
+    cachalot_torch_free(held, 600 * MIB, device, DEFAULT);
+    let again = cachalot_torch_alloc(600 * MIB, device, DEFAULT);
+    assert!(!again.is_null(), "memory freed after an OOM is usable: {:?}", last_error());
+    cachalot_torch_free(again, 600 * MIB, device, DEFAULT);
+    consistent(3);
+}
+
+#[test]
+fn a_block_used_on_a_side_stream_is_not_reused_before_that_stream_is_done() {
+    simulated_devices();
+    let device = 4;
+    let x = cachalot_torch_alloc(12 * MIB, device, DEFAULT);
+    cachalot_torch_record_stream(x, SIDE);
+    assert_eq!(last_error().0, ERROR_NONE);
+    // The side stream's kernel reading x is still running.
+    with_simulator(4, |sim| sim.hold_stream(StreamId(SIDE as u64)));
+    cachalot_torch_free(x, 12 * MIB, device, DEFAULT);
+    let y = cachalot_torch_alloc(12 * MIB, device, DEFAULT);
+    assert!(!y.is_null());
+    assert_ne!(y, x, "x's block waits for the side stream");
+    assert_eq!(
+        stats(4).1,
+        24 << 20,
+        "so a second segment was needed (above 10 MiB, a segment of the block's own size)"
+    );
+    // The side stream finishes: the block comes back at the next allocation.
+    with_simulator(4, |sim| sim.finish_stream(StreamId(SIDE as u64)));
+    let z = cachalot_torch_alloc(12 * MIB, device, DEFAULT);
+    assert_eq!(z, x);
+    for p in [y, z] {
+        cachalot_torch_free(p, 12 * MIB, device, DEFAULT);
+    }
+    consistent(4);
+}
+
+#[test]
+fn without_record_stream_the_block_is_reused_at_once() {
+    // The control of the test above: what the hook prevents.
+    simulated_devices();
+    let device = 5;
+    let x = cachalot_torch_alloc(8 * MIB, device, DEFAULT);
+    with_simulator(5, |sim| sim.hold_stream(StreamId(SIDE as u64)));
+    cachalot_torch_free(x, 8 * MIB, device, DEFAULT);
+    let y = cachalot_torch_alloc(8 * MIB, device, DEFAULT);
+    assert_eq!(y, x);
+    cachalot_torch_free(y, 8 * MIB, device, DEFAULT);
+    with_simulator(5, |sim| sim.finish_stream(StreamId(SIDE as u64)));
+}
+
+#[test]
+fn blocks_of_one_stream_are_not_given_to_another() {
+    simulated_devices();
+    let device = 6;
+    let x = cachalot_torch_alloc(MIB, device, SIDE);
+    cachalot_torch_free(x, MIB, device, SIDE);
+    let y = cachalot_torch_alloc(MIB, device, OTHER);
+    assert_ne!(y, x, "PyTorch keys cached blocks by stream");
+    let z = cachalot_torch_alloc(MIB, device, SIDE);
+    assert_eq!(z, x);
+    cachalot_torch_free(y, MIB, device, OTHER);
+    cachalot_torch_free(z, MIB, device, SIDE);
+    let segments = registry().with_device(6, |d| d.allocator.snapshot()).expect("device made");
+    let streams: Vec<u64> = segments.iter().map(|s| s.stream.0).collect();
+    assert_eq!(streams.len(), 2);
+    assert!(streams.contains(&(SIDE as u64)) && streams.contains(&(OTHER as u64)), "{streams:x?}");
+}
+
+#[test]
+fn bad_pointers_and_devices_are_errors_naming_them() {
+    simulated_devices();
+    cachalot_torch_free(0xdead_0000usize as *mut c_void, 512, 7, DEFAULT);
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OTHER);
+    assert!(message.contains("0xdead0000") && message.contains("did not hand out"), "{message}");
+    assert!(cachalot_torch_alloc(512, -1, DEFAULT).is_null());
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OTHER);
+    assert!(message.contains("device -1"), "{message}");
+    assert!(cachalot_torch_alloc(512, 64, DEFAULT).is_null());
+    assert!(last_error().1.contains("device 64"));
+    cachalot_torch_record_stream(0xbeef_0000usize as *mut c_void, SIDE);
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OTHER);
+    assert!(message.contains("0xbeef0000"), "{message}");
+}
+
+#[test]
+fn a_configuration_that_does_not_parse_is_refused_and_changes_nothing() {
+    simulated_devices();
+    let before = registry().settings();
+    // SAFETY: a NUL-terminated string.
+    let status = unsafe { cachalot_torch_configure(c"expandable_segments:Maybe".as_ptr(), CAPACITY) };
+    assert_eq!(status, 1);
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OTHER);
+    assert!(message.contains("expandable_segments"), "{message}");
+    assert_eq!(registry().settings().config, before.config);
+}
+
+#[test]
+fn a_memory_fraction_caps_reserved_memory() {
+    simulated_devices();
+    let device = 8;
+    cachalot_torch_set_memory_fraction(0.25, device);
+    assert_eq!(last_error().0, ERROR_NONE);
+    assert!(cachalot_torch_alloc(300 * MIB, device, DEFAULT).is_null());
+    let (kind, message) = last_error();
+    assert_eq!(kind, ERROR_OUT_OF_MEMORY);
+    assert!(message.contains("256.00 MiB allowed"), "{message}");
+    let fits = cachalot_torch_alloc(200 * MIB, device, DEFAULT);
+    assert!(!fits.is_null());
+    cachalot_torch_free(fits, 200 * MIB, device, DEFAULT);
+}
+
+#[test]
+fn many_threads_on_many_streams_never_share_a_byte() {
+    simulated_devices();
+    let device = 9;
+    // Every live block, by address: an overlap would mean two tensors share memory.
+    let live = Mutex::new(BTreeMap::<u64, u64>::new());
+    // As integers: raw pointers do not cross threads.
+    let streams = [DEFAULT as usize, SIDE as usize, OTHER as usize, 0x7f3a_0000_3000usize];
+    std::thread::scope(|scope| {
+        for thread in 0..8u64 {
+            let live = &live;
+            let streams = &streams;
+            scope.spawn(move || {
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mut mine: Vec<(*mut c_void, usize, *mut c_void)> = Vec::new();
+                for _ in 0..3000 {
+                    if !mine.is_empty() && (mine.len() > 40 || next() % 2 == 0) {
+                        let (p, size, stream) = mine.swap_remove((next() % mine.len() as u64) as usize);
+                        live.lock().unwrap().remove(&(p as u64));
+                        cachalot_torch_free(p, size, device, stream);
+                    } else {
+                        let size = 1 + (next() % (3 * MIB as u64)) as usize;
+                        let stream = streams[(next() % streams.len() as u64) as usize] as *mut c_void;
+                        let p = cachalot_torch_alloc(size, device, stream);
+                        assert!(!p.is_null(), "{:?}", last_error());
+                        let address = p as u64;
+                        let mut live = live.lock().unwrap();
+                        if let Some((&before, &len)) = live.range(..=address).next_back() {
+                            assert!(before + len <= address, "{address:#x} overlaps the block at {before:#x}");
+                        }
+                        if let Some((&after, _)) = live.range(address..).next() {
+                            assert!(address + size as u64 <= after, "{address:#x} overlaps the block at {after:#x}");
+                        }
+                        live.insert(address, size as u64);
+                        drop(live);
+                        mine.push((p, size, stream));
+                    }
+                }
+                for (p, size, stream) in mine {
+                    live.lock().unwrap().remove(&(p as u64));
+                    cachalot_torch_free(p, size, device, stream);
+                }
+            });
+        }
+    });
+    assert_eq!(stats(9).0, 0, "everything was freed");
+    assert_eq!(registry().with_device(9, |d| d.live_count()).expect("device made"), 0);
+    consistent(9);
+    let facts_backend =
+        registry().with_device(9, |d| d.allocator.backend().device().backend.clone()).expect("device made");
+    assert_eq!(facts_backend, "sim");
+}
