@@ -1,0 +1,112 @@
+"""cachalot_torch on a machine without a GPU (CI, this one): the package imports, says clearly
+that CUDA is missing, and its stats, history and snapshots work on a simulated device, driven
+through the same C functions PyTorch calls (here through ctypes).
+
+    python3 -m unittest discover -s bindings/torch/python/tests      (scripts/dev/torch-python-test.sh)
+"""
+import ctypes
+import os
+import pickle
+import tempfile
+import unittest
+
+import cachalot_torch
+from cachalot_torch import _native
+
+ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+LAST_ERROR = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+MIB = 1 << 20
+
+
+def cuda_usable():
+    try:
+        cachalot_torch.cuda_status(0)
+        return True
+    except RuntimeError:
+        return False
+
+
+class WithoutGpu(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        _native.configure("", 1 << 30)
+        addresses = _native.function_addresses()
+        cls.alloc = ALLOC(addresses["alloc"])
+        cls.free = FREE(addresses["free"])
+        cls.last_error = LAST_ERROR(addresses["last_error"])
+
+    def error(self):
+        kind = ctypes.c_int(-1)
+        message = self.last_error(ctypes.byref(kind))
+        return kind.value, message.decode()
+
+    @unittest.skipIf(cuda_usable(), "a CUDA device is usable here")
+    def test_cuda_status_says_why_cuda_is_not_usable(self):
+        with self.assertRaises(RuntimeError) as raised:
+            cachalot_torch.cuda_status(0)
+        message = str(raised.exception)
+        self.assertTrue("libcuda" in message or "device" in message, message)
+
+    @unittest.skipIf(cuda_usable(), "a CUDA device is usable here")
+    def test_enable_says_what_is_missing(self):
+        with self.assertRaises(RuntimeError) as raised:
+            cachalot_torch.enable()
+        message = str(raised.exception)
+        self.assertTrue("needs PyTorch" in message or "CUDA is not available" in message, message)
+        self.assertFalse(cachalot_torch.is_enabled())
+
+    def test_stats_history_and_snapshots_on_a_simulated_device(self):
+        device = 7
+        cachalot_torch.record_memory_history(max_entries=100)
+        p = self.alloc(4 * MIB, device, None)
+        self.assertTrue(p, self.error())
+        # PyTorch's rules: a 4 MiB block in a 20 MiB segment.
+        self.assertEqual(cachalot_torch.memory_allocated(device), 4 * MIB)
+        self.assertEqual(cachalot_torch.memory_reserved(device), 20 * MIB)
+        stats = cachalot_torch.memory_stats(device)
+        self.assertEqual(stats["segment.all.current"], 1)
+        self.assertEqual(list(stats), sorted(stats), "flat keys, sorted as torch.cuda.memory_stats")
+        self.assertIn("PyTorch CUDA memory summary", cachalot_torch.memory_summary(device))
+        self.free(p, 4 * MIB, device, None)
+        self.assertEqual(cachalot_torch.memory_allocated(device), 0)
+        self.assertEqual(cachalot_torch.max_memory_allocated(device), 4 * MIB)
+
+        snap = cachalot_torch.snapshot()
+        self.assertEqual([s["device"] for s in snap["segments"]], [device])
+        actions = [e["action"] for e in snap["device_traces"][device]]
+        self.assertEqual(actions, ["segment_alloc", "alloc", "free_requested", "free_completed"])
+        path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+        cachalot_torch.dump_snapshot(path)
+        with open(path, "rb") as f:
+            self.assertEqual(pickle.load(f)["segments"], snap["segments"])
+
+        cachalot_torch.reset_peak_memory_stats(device)
+        self.assertEqual(cachalot_torch.max_memory_allocated(device), 0)
+        cachalot_torch.empty_cache()
+        self.assertEqual(cachalot_torch.memory_reserved(device), 0)
+        cachalot_torch.record_memory_history(None)
+        self.assertEqual(cachalot_torch.snapshot()["device_traces"][device], [])
+
+    def test_out_of_memory_leaves_pytorchs_message(self):
+        device = 8
+        cachalot_torch.set_per_process_memory_fraction(0.5, device)
+        self.assertIsNone(self.alloc(600 * MIB, device, None))
+        kind, message = self.error()
+        self.assertEqual(kind, 1)
+        self.assertTrue(message.startswith("CUDA out of memory. Tried to allocate 600.00 MiB."), message)
+        self.assertIn("512.00 MiB allowed", message)
+        self.assertEqual(_native.check_consistency(device), None)
+
+    def test_torch_c_gets_nested_stats(self):
+        nested = cachalot_torch._nested({"allocated_bytes.all.current": 3, "num_ooms": 1})
+        self.assertEqual(nested, {"allocated_bytes": {"all": {"current": 3}}, "num_ooms": 1})
+
+    def test_bad_settings_are_refused_with_the_reason(self):
+        with self.assertRaises(ValueError) as raised:
+            _native.configure("max_split_size_mb:lots", 1 << 30)
+        self.assertIn("max_split_size_mb", str(raised.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds, here, what torch-device.sh needs on the GPU machine (which has no Rust): the
+# cachalot_torch wheel (maturin, release, abi3: CPython >= 3.9), the device scripts and
+# ../shared/traces/capture.py, into the git-ignored carry folder (default /work/main/.dev-torch).
+#
+#   scripts/dev/torch-build.sh [CARRY_DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+carry=${1:-/work/main/.dev-torch}
+shared=${CACHALOT_SHARED_DIR:-$root/../shared}
+command -v maturin >/dev/null || { echo "torch-build.sh: maturin is needed (pip install maturin)" >&2; exit 1; }
+mkdir -p "$carry"
+rm -f "$carry"/cachalot_torch-*.whl
+(cd "$root/bindings/torch" && maturin build --release --strip -o "$carry")
+cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py} "$carry/"
+cp "$shared/traces/capture.py" "$carry/"
+du -sh "$carry"

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Compares the runs of torch-proof.py on PyTorch's allocator and on cachalot's.
+
+    torch-compare.py NATIVE_DIR CACHALOT_DIR [NATIVE2_DIR] > table
+
+Per workload: every mark's memory_allocated and memory_reserved (and OOM messages, in the part
+the allocator decides), peak reserved, every memory_stats key, and the losses bit for bit. With
+NATIVE2_DIR (a second run on PyTorch's allocator), whether the losses are even repeatable there.
+Exits 1 if a mark, the peak or a loss differs.
+"""
+import glob
+import json
+import os
+import sys
+
+
+def allocator_part(message):
+    """The OOM message without the device's free memory and NVML's per-process sentence, which
+    come from the driver, not the allocator (as cachalot-core's OutOfMemoryError::allocator_part)."""
+    start = message.find(" of which ")
+    rest = message.find("Of the allocated memory")
+    if start < 0 or rest < 0:
+        return message
+    return message[:start] + " ... " + message[rest:]
+
+
+def load(directory, tag):
+    with open(f"{directory}/{tag}.expected.json") as f:
+        expected = json.load(f)
+    try:
+        with open(f"{directory}/{tag}.losses.json") as f:
+            losses = json.load(f)["losses"]
+    except FileNotFoundError:
+        losses = None
+    return expected, losses
+
+
+def main():
+    native_dir, cachalot_dir = sys.argv[1], sys.argv[2]
+    native2_dir = sys.argv[3] if len(sys.argv) > 3 else None
+    failed = False
+    rows = []
+    for path in sorted(glob.glob(f"{native_dir}/*.expected.json")):
+        tag = os.path.basename(path)[: -len(".expected.json")]
+        if not os.path.exists(f"{cachalot_dir}/{tag}.expected.json"):
+            rows.append((tag, "no cachalot run", "", "", "", ""))
+            failed = True
+            continue
+        n, n_losses = load(native_dir, tag)
+        c, c_losses = load(cachalot_dir, tag)
+        mark_diffs = []
+        for a, b in zip(n["marks"], c["marks"]):
+            for key in ("label", "allocated", "reserved"):
+                if a.get(key) != b.get(key):
+                    mark_diffs.append(f"{a.get('label')}.{key}: {a.get(key)} vs {b.get(key)}")
+            if "message" in a and allocator_part(a["message"]) != allocator_part(b.get("message", "")):
+                mark_diffs.append(f"{a['label']}.message:\n  {a['message']}\n  {b.get('message')}")
+        if len(n["marks"]) != len(c["marks"]):
+            mark_diffs.append(f"{len(n['marks'])} vs {len(c['marks'])} marks")
+        peak_n = n["memory_stats"].get("reserved_bytes.all.peak")
+        peak_c = c["memory_stats"].get("reserved_bytes.all.peak")
+        keys = sorted(set(n["memory_stats"]) | set(c["memory_stats"]))
+        stat_diffs = [k for k in keys if n["memory_stats"].get(k) != c["memory_stats"].get(k)]
+        losses_equal = n_losses == c_losses
+        repeatable = ""
+        if native2_dir and os.path.exists(f"{native2_dir}/{tag}.expected.json"):
+            _, n2_losses = load(native2_dir, tag)
+            repeatable = "yes" if n2_losses == n_losses else "NO"
+        ok = not mark_diffs and peak_n == peak_c and losses_equal
+        failed |= not ok
+        rows.append((tag, f"{len(n['marks'])} marks " + ("equal" if not mark_diffs else "DIFFER"),
+                     f"{peak_n} / {peak_c}", f"{len(keys) - len(stat_diffs)}/{len(keys)} equal",
+                     f"{len(n_losses or [])} " + ("bit-identical" if losses_equal else "DIFFER"), repeatable))
+        for d in mark_diffs[:10]:
+            print(f"  {tag}: {d}", file=sys.stderr)
+        if stat_diffs:
+            print(f"  {tag}: memory_stats keys that differ: " + ", ".join(
+                f"{k}={n['memory_stats'].get(k)}/{c['memory_stats'].get(k)}" for k in stat_diffs), file=sys.stderr)
+    header = ("workload", "marks (allocated, reserved)", "peak reserved PyTorch / cachalot",
+              "memory_stats keys", "losses", "PyTorch repeats its losses")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    sys.exit(1 if failed else 0)
+
+
+main()

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""One workload of ../shared/traces/capture.py on PyTorch's allocator or on cachalot's, unchanged.
+
+    torch-proof.py MODE WORKLOAD OUTDIR SEED      (MODE: native | cachalot; CAPTURE_PY: capture.py)
+
+capture.py runs as it is: on cachalot, `cachalot_torch.enable()` first, and torch.cuda's memory
+functions (memory_allocated/reserved at every mark, memory_stats, memory_summary,
+_record_memory_history, _snapshot) are cachalot's through its patch of torch._C. It writes
+OUTDIR/TAG.expected.json (marks, memory_stats) and OUTDIR/TAG.pickle (the snapshot with its
+trace); this adds OUTDIR/TAG.losses.json, every loss that called backward() as float.hex(), so
+torch-compare.py can check them bit for bit.
+"""
+import json
+import os
+import runpy
+import sys
+import time
+
+mode, workload, outdir, seed = sys.argv[1:5]
+capture = os.environ.get("CAPTURE_PY", os.path.join(os.path.dirname(__file__), "capture.py"))
+started = time.time()
+if mode == "cachalot":
+    import cachalot_torch
+    cachalot_torch.enable()
+elif mode != "native":
+    sys.exit(f"torch-proof.py: MODE is native or cachalot, not {mode!r}")
+import torch  # noqa: E402
+
+losses = []
+backward = torch.Tensor.backward
+
+
+def recording_backward(self, *args, **kwargs):
+    # .item() copies 4 bytes to the host: no device allocation, so the marks are unaffected.
+    losses.append(float(self.detach().float().item()).hex())
+    return backward(self, *args, **kwargs)
+
+
+torch.Tensor.backward = recording_backward
+os.makedirs(outdir, exist_ok=True)
+sys.argv = [capture, workload, outdir, seed]
+runpy.run_path(capture, run_name="__main__")
+tag = workload.replace("@", "_")
+with open(f"{outdir}/{tag}.losses.json", "w") as f:
+    json.dump({"mode": mode, "allocator": "cachalot" if mode == "cachalot" else "native",
+               "losses": losses, "seconds": round(time.time() - started, 2)}, f)
