@@ -3,7 +3,12 @@
 # allocator (bindings/torch) against PyTorch's own.
 #
 #   here:    scripts/dev/torch-build.sh            # the wheel, the scripts and capture.py into .dev-torch/
-#   device:  bash .dev-torch/torch-device.sh       # with carry [".dev-torch"]; results under $OUT
+#   device:  bash .dev-torch/torch-device.sh [PARTS]   # with carry [".dev-torch"]; results under $OUT
+#
+# PARTS (default "same features speed"): any of same, features, speed, determinism (the training
+# workloads with PyTorch's deterministic algorithms, twice on PyTorch's allocator, and
+# multistream twice: whether PyTorch repeats itself where the first part found differences).
+# SPEED_ROUNDS (default 2): native/cachalot alternations per speed bench.
 #
 # 1. Same bytes: capture.py's workloads, unchanged, once on each allocator (same seed; the
 #    training ones a second time on PyTorch's to see whether its losses repeat at all):
@@ -30,10 +35,13 @@ start=$SECONDS
 python3 -c 'import cachalot_torch, torch; cachalot_torch.enable(); torch.zeros(1, device="cuda"); print("shim built and installed")'
 echo "first enable (builds the C++ shim): $((SECONDS - start)) s"
 
-echo "== 1. same bytes"
+parts=${1:-same features speed}
+has() { [[ " $parts " == *" $1 "* ]]; }
 run() { local mode=$1 dir=$2 w=$3 seed=$4; shift 4
     env "$@" timeout 120 python3 "$here/torch-proof.py" "$mode" "$w" "$work/$dir" "$seed" 2>&1 | tail -1; }
 both() { run native native "$@"; run cachalot cachalot "$@"; }
+if has same; then
+echo "== 1. same bytes"
 both seeds 0
 both gpt_train 1
 both kvcache_infer 2
@@ -54,16 +62,35 @@ for p in "$work"/cachalot/gpt_train.pickle "$work"/cachalot/multistream.pickle; 
     echo "_memory_viz opened $(basename "$p"): $(stat -c %s "$work/$(basename "$p").trace.html") B trace plot"
 done
 tar -C "$work" -czf "$out/cachalot-runs.tar.gz" cachalot native
+fi
 
+if has determinism; then
+echo "== 1b. losses with deterministic algorithms; does PyTorch repeat itself"
+det=(PROOF_DETERMINISTIC=1 CUBLAS_WORKSPACE_CONFIG=:4096:8)
+for w in "gpt_train 1" "convnet_train 4" "lstm_train 9" "transformer_varlen 10"; do
+    run native det-native $w "${det[@]}"; run cachalot det-cachalot $w "${det[@]}"; run native det-native2 $w "${det[@]}"
+done
+python3 "$here/torch-compare.py" "$work/det-native" "$work/det-cachalot" "$work/det-native2" | tee "$out/determinism.md"
+run native ms-native multistream 3; run native ms-native2 multistream 3; run cachalot ms-cachalot multistream 3
+python3 "$here/torch-compare.py" "$work/ms-native" "$work/ms-native2" | tee "$out/multistream-repeat.md"
+python3 "$here/torch-compare.py" "$work/ms-native" "$work/ms-cachalot" | tee -a "$out/multistream-repeat.md"
+fi
+
+if has features; then
 echo "== 4. cross-stream safety, graph capture, OOM, the torch.cuda patch"
 for mode in native cachalot cachalot-nohook; do
     timeout 120 python3 "$here/torch-features.py" $mode 2>&1 | tail -1 | tee -a "$out/features.jsonl"
 done
 
+fi
+
+if has speed; then
 echo "== 2. speed"
 for bench in gpt_train convnet_train alloc; do
-    for mode in native cachalot native cachalot; do
-        timeout 200 python3 "$here/torch-speed.py" $mode $bench 30 2>&1 | tail -1 >> "$out/speed.jsonl"
+    for round in $(seq "${SPEED_ROUNDS:-2}"); do
+        for mode in native cachalot; do
+            timeout 200 python3 "$here/torch-speed.py" $mode $bench 30 2>&1 | tail -1 >> "$out/speed.jsonl"
+        done
     done
 done
 python3 - "$out/speed.jsonl" <<'PY' | tee "$out/speed.md"
@@ -72,9 +99,17 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print("| bench | PyTorch | cachalot | cachalot / PyTorch |\n|---|---|---|---|")
 for bench in ("gpt_train", "convnet_train"):
     med = {m: statistics.median(t for r in rows if r["bench"] == bench and r["mode"] == m for t in r["step_seconds"]) for m in ("native", "cachalot")}
-    print(f"| {bench} step (median of 60) | {med['native']*1e3:.3f} ms | {med['cachalot']*1e3:.3f} ms | {med['cachalot']/med['native']:.4f} |")
+    print(f"| {bench} step (median of all runs' steps) | {med['native']*1e3:.3f} ms | {med['cachalot']*1e3:.3f} ms | {med['cachalot']/med['native']:.4f} |")
 for size in rows[-1]["ns_per_empty_del"] if rows and "ns_per_empty_del" in rows[-1] else []:
     v = {m: min(r["ns_per_empty_del"][size] for r in rows if r["bench"] == "alloc" and r["mode"] == m) for m in ("native", "cachalot")}
-    print(f"| torch.empty/del {size} B (best of 2 runs) | {v['native']:.0f} ns | {v['cachalot']:.0f} ns | {v['cachalot']/v['native']:.3f} |")
+    print(f"| torch.empty/del {size} B (best run) | {v['native']:.0f} ns | {v['cachalot']:.0f} ns | {v['cachalot']/v['native']:.3f} |")
+# Each round's pair (native then cachalot, a moment apart): the ratio of their medians.
+for bench in ("gpt_train", "convnet_train"):
+    runs = [r for r in rows if r["bench"] == bench]
+    ratios = [statistics.median(c["step_seconds"]) / statistics.median(n["step_seconds"])
+              for n, c in zip(runs[0::2], runs[1::2]) if n["mode"] == "native" and c["mode"] == "cachalot"]
+    if ratios:
+        print(f"| {bench}: median of {len(ratios)} paired ratios | | | {statistics.median(ratios):.4f} (range {min(ratios):.3f}-{max(ratios):.3f}) |")
 PY
+fi
 } 2>&1 | tee "$out/log"

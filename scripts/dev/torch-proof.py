@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One workload of ../shared/traces/capture.py on PyTorch's allocator or on cachalot's, unchanged.
 
-    torch-proof.py MODE WORKLOAD OUTDIR SEED      (MODE: native | cachalot; CAPTURE_PY: capture.py)
+    torch-proof.py MODE WORKLOAD OUTDIR SEED      (MODE: native | cachalot; CAPTURE_PY: capture.py;
+                                                   PROOF_DETERMINISTIC=1: deterministic algorithms)
 
 capture.py runs as it is: on cachalot, `cachalot_torch.enable()` first, and torch.cuda's memory
 functions (memory_allocated/reserved at every mark, memory_stats, memory_summary,
@@ -25,6 +26,12 @@ if mode == "cachalot":
 elif mode != "native":
     sys.exit(f"torch-proof.py: MODE is native or cachalot, not {mode!r}")
 import torch  # noqa: E402
+
+if os.environ.get("PROOF_DETERMINISTIC"):
+    # PyTorch's own losses differ from run to run where kernels use atomics; its deterministic
+    # algorithms (and cuBLAS's fixed workspace, CUBLAS_WORKSPACE_CONFIG) make them repeat, on
+    # both allocators alike. warn_only: ops without a deterministic kernel still run.
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 losses = []
 backward = torch.Tensor.backward
