@@ -139,9 +139,8 @@ PRIVATE_POOL_ERROR = (
 
 def _refuse_private_pools(torch) -> None:
     """CUDA graph capture and MemPool: a RuntimeError when they start, in Python, before PyTorch
-    sets up a private pool the pluggable allocator cannot serve. (The shim's
-    begin_allocate_to_pool hook raises too, for captures started from C++; but a capture that
-    reached it was seen to end the process without a Python exception, on PyTorch 2.11.)"""
+    sets up a private pool the pluggable allocator cannot serve. (A capture begun from C++ gets
+    the shim's error at its first allocation.)"""
 
     def capture_begin(self, *args, **kwargs):
         raise RuntimeError(PRIVATE_POOL_ERROR)
