@@ -125,8 +125,13 @@ impl SimBackend {
     /// While `true`, new VA reservations take fresh addresses and leave the planned ones for
     /// later: a replay sets it around a request that ran out of memory, where the recorded
     /// device may have reserved VA that no `segment_map` of the trace ever shows.
+    /// Setting it back to `false` forgets the addresses of [`Self::plan_reservation_next`]
+    /// not given.
     pub fn set_reservations_unplanned(&mut self, unplanned: bool) {
         self.unplanned_reservations = unplanned;
+        if !unplanned {
+            self.next_reservations.clear();
+        }
     }
 
     /// How many VA reservations were ever made (released ones included).
@@ -211,7 +216,14 @@ impl SimBackend {
 
     fn take_address(&mut self, planned_reservation: bool, size: u64) -> u64 {
         let planned = match (planned_reservation, self.unplanned_reservations) {
-            (true, _) if !self.next_reservations.is_empty() => self.next_reservations.pop_front(),
+            // The first address given by plan_reservation_next that is free by now: one still
+            // in use (its old reservation not yet released) waits for a later reservation.
+            (true, _) if !self.next_reservations.is_empty() => {
+                match self.next_reservations.iter().position(|&a| !self.overlaps(a, size)) {
+                    Some(at) => self.next_reservations.remove(at),
+                    None => return self.fresh_address(size),
+                }
+            }
             (true, true) => None,
             (true, false) => self.planned_reservations.pop_front(),
             (false, _) => self.planned_segments.pop_front(),

@@ -101,13 +101,15 @@ def size(rng, conf_split_mb):
     return rng.choice([4096, 65536, 393216, 1572864, 6291456, 25165824])
 
 
-def ops_program(rng, n, streams, fraction, conf_split_mb):
+def ops_program(rng, n, streams, fraction, conf_split_mb, expandable):
     ops, live, slot, live_bytes = [], {}, 0, 0
     p_free = rng.uniform(0.3, 0.55)
     p_record = rng.choice([0, 0.02, 0.1]) if streams > 1 else 0
     p_empty = rng.choice([0, 0.002, 0.01])
     p_peak = rng.choice([0, 0, 0.003])
-    p_oom = rng.choice([0, 0, 0.005, 0.02])
+    # With expandable segments and no fraction, a request larger than the device maps pages until
+    # the device is full before it fails: the other captures on the GPU would run out of memory.
+    p_oom = 0 if expandable and fraction is None else rng.choice([0, 0, 0.005, 0.02])
     cap = LIVE_CAP if fraction is None else LIVE_CAP * 2  # a fraction makes the allocator refuse first
     for _ in range(n):
         r = rng.random()
@@ -177,7 +179,7 @@ def spec(master_seed, index, device_total, pool):
     else:
         streams = rng.choice([1, 1, 2, 3])
         n = int(2 ** rng.uniform(4, 12))
-        s.update(kind="ops", streams=streams, ops=ops_program(rng, n, streams, fraction, split))
+        s.update(kind="ops", streams=streams, ops=ops_program(rng, n, streams, fraction, split, "expandable_segments:True" in conf))
     return s
 
 

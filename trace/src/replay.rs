@@ -509,7 +509,8 @@ fn perform_call(
 /// retry chain tries again; the new reservations stay, unmapped, and the trace first shows one
 /// when a later request of that stream and pool maps a page there: such a request takes the
 /// lowest of them before any new reservation, so the first `segment_map`s of the stream, for
-/// the pool, outside every live reservation, are theirs. Those never shown take addresses of
+/// the pool, outside every reservation live after the failure (whose retry chain may have
+/// released some, whose VA the driver may give the new ones), are theirs. Those never shown take addresses of
 /// the simulator's own.
 fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[TraceEntry], at: usize) -> Vec<u64> {
     let e = &trace[at];
@@ -520,6 +521,9 @@ fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[
     let _ = probe.malloc(e.size, e.stream);
     let made = (probe.backend().reservations_made() - before) as usize;
     let small = e.size <= SMALL_SIZE;
+    let total = cachalot_core::Backend::device(allocator.backend()).total_memory;
+    let page = if small { SMALL_BUFFER } else { allocator.config().large_segment_size() };
+    let extent = (total + total / 8).div_ceil(page) * page;
     let mut shown: Vec<u64> = Vec::new();
     for (n, m) in trace.iter().enumerate().skip(at + 1) {
         if shown.len() == made {
@@ -527,8 +531,8 @@ fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[
         }
         let reveals = m.action == TraceAction::SegmentMap
             && m.stream == e.stream
-            && !allocator.backend().is_reserved(m.addr)
-            && !shown.contains(&m.addr)
+            && !probe.backend().is_reserved(m.addr)
+            && !shown.iter().any(|&base| (base..base + extent).contains(&m.addr))
             && trace[n + 1..]
                 .iter()
                 .find(|r| matches!(r.action, TraceAction::Alloc | TraceAction::Oom))
