@@ -144,18 +144,16 @@ impl SimBackend {
         self.reservations.range(..=address).next_back().is_some_and(|(base, r)| address < base + r.size)
     }
 
-    /// Gives the next VA reservation not yet given one this way the planned address `address`,
-    /// taken out of the plan, even while reservations are unplanned (see
+    /// Gives the next VA reservation not yet given one this way the planned address `address`
+    /// (which then leaves the plan), even while reservations are unplanned (see
     /// [`Self::set_reservations_unplanned`]); `false` if it is not planned.
     pub fn plan_reservation_next(&mut self, address: u64) -> bool {
-        match self.planned_reservations.iter().position(|&a| a == address) {
-            Some(at) => {
-                self.planned_reservations.remove(at);
-                self.next_reservations.push_back(address);
-                true
-            }
-            None => false,
+        // It leaves the plan only when given: one not given stays planned for its own map.
+        let planned = self.planned_reservations.contains(&address);
+        if planned {
+            self.next_reservations.push_back(address);
         }
+        planned
     }
 
     /// How many planned addresses could not be used because they overlapped live memory.
@@ -220,7 +218,13 @@ impl SimBackend {
             // in use (its old reservation not yet released) waits for a later reservation.
             (true, _) if !self.next_reservations.is_empty() => {
                 match self.next_reservations.iter().position(|&a| !self.overlaps(a, size)) {
-                    Some(at) => self.next_reservations.remove(at),
+                    Some(at) => {
+                        let address = self.next_reservations.remove(at);
+                        if let Some(p) = self.planned_reservations.iter().position(|&a| Some(a) == address) {
+                            self.planned_reservations.remove(p);
+                        }
+                        address
+                    }
                     None => return self.fresh_address(size),
                 }
             }

@@ -634,12 +634,12 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
             }
             TraceAction::SegmentUnmap => {
                 let owner = reservations.range(..=e.addr).next_back().map(|(b, _)| *b);
-                if let Some(base) = owner {
-                    if let Some((mapped, _)) = reservations.get_mut(&base) {
-                        *mapped = mapped.saturating_sub(e.size);
-                        if *mapped == 0 {
-                            reservations.remove(&base);
-                        }
+                if let Some(base) = owner
+                    && let Some((mapped, _)) = reservations.get_mut(&base)
+                {
+                    *mapped = mapped.saturating_sub(e.size);
+                    if *mapped == 0 {
+                        reservations.remove(&base);
                     }
                 }
             }
