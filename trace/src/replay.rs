@@ -21,7 +21,7 @@ use cachalot_core::sim::SimBackend;
 use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, SMALL_SIZE};
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
-use cachalot_core::{Allocation, CachingAllocator};
+use cachalot_core::{Allocation, CachingAllocator, OomObserver};
 
 /// `total_memory` assumed when neither the run nor the caller says (the H200 of the reference
 /// traces).
@@ -294,6 +294,18 @@ type DeferredFrees = FxHashMap<usize, Option<usize>>;
 pub fn replay(
     snapshot: &TorchSnapshot,
     options: &ReplayOptions,
+    progress: impl FnMut(usize, usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    replay_observed(snapshot, options, &[], progress)
+}
+
+/// [`replay`] with `observers` attached to the replayed allocator: each is called at every
+/// out-of-memory error the replay raises, with the allocator as that error left it (e.g. to
+/// write a snapshot, as `cachalot replay --oom-snapshot` does).
+pub fn replay_observed(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    observers: &[OomObserver<SimBackend>],
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ReplayOutcome, ReplayError> {
     let device = options.device;
@@ -315,6 +327,9 @@ pub fn replay(
     }
     allocator.record_history(true, usize::MAX, &[], false);
     allocator.adopt_contexts(snapshot.contexts.clone());
+    for observer in observers {
+        allocator.attach_oom_observer(observer.clone());
+    }
 
     let deferred = deferred_frees(trace);
     let completions: FxHashMap<usize, StreamId> =
@@ -515,6 +530,7 @@ fn perform_call(
 fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[TraceEntry], at: usize) -> Vec<u64> {
     let e = &trace[at];
     let mut probe = allocator.clone();
+    probe.detach_oom_observers();
     probe.record_history(false, 1, &[], true);
     probe.backend_mut().set_reservations_unplanned(true);
     let before = probe.backend().reservations_made();
@@ -586,6 +602,7 @@ fn released_by_next_malloc(
                 return false;
             }
             let mut probe = allocator.clone();
+            probe.detach_oom_observers();
             probe.record_history(false, 1, &[], true);
             let before = probe.stats().num_device_free;
             probe.malloc(request.size, request.stream).is_ok() && probe.stats().num_device_free - before == run as u64

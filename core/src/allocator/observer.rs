@@ -66,6 +66,11 @@ impl<B: Backend> CachingAllocator<B> {
         self.oom_observers.0.push(observer);
     }
 
+    /// Detaches every observer (a copy made to try something out should not report).
+    pub fn detach_oom_observers(&mut self) {
+        self.oom_observers.0.clear();
+    }
+
     /// Calls every observer with `event`.
     pub(super) fn notify_oom_observers(&self, event: &OomEvent) {
         // A copy of the list: an observer holds the allocator only to read it.
