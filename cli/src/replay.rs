@@ -3,12 +3,14 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cachalot_core::AllocatorConfig;
+use cachalot_core::{AllocatorConfig, OomObserver, SimBackend};
 use cachalot_trace::Snapshot;
-use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_trace::replay::{ReplayOptions, replay_observed, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::snapshot::{FileFormat, pickle};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -39,6 +41,10 @@ pub struct ReplayArgs {
     /// Which device trace to replay.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// At every out-of-memory error of the replay, write the allocator's snapshot as that error
+    /// left it to this directory (NAME.oom-N.json), through an OOM observer.
+    #[arg(long)]
+    pub oom_snapshot: Option<PathBuf>,
     /// Write the replay's result: a cachalot snapshot (.json) or a PyTorch pickle (.pickle).
     /// With several traces, a directory.
     #[arg(long)]
@@ -47,6 +53,9 @@ pub struct ReplayArgs {
 
 /// Runs the command: one line per trace; exit status 1 if any trace mismatches, 2 on bad input.
 pub fn run(args: &ReplayArgs) -> Outcome {
+    if args.oom_snapshot.as_ref().is_some_and(|d| !d.is_dir()) {
+        return Err(Failure::input(anyhow!("--oom-snapshot must be an existing directory")));
+    }
     if args.out.as_ref().is_some_and(|o| args.traces.len() > 1 && !o.is_dir()) {
         return Err(Failure::input(anyhow!("--out must be an existing directory when replaying several traces")));
     }
@@ -90,11 +99,19 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
     let options = options(args, path, snapshot, expected.as_ref())?;
     let started = Instant::now();
     let bar = progress_bar(&name);
-    let outcome = replay(snapshot, &options, |done, total| {
+    let dumps = OomDumps::default();
+    let observers = match &args.oom_snapshot {
+        Some(dir) => vec![dumps.observer(dir, &name, path)],
+        None => Vec::new(),
+    };
+    let outcome = replay_observed(snapshot, &options, &observers, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+    if let Some(error) = dumps.first_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(Failure::input(anyhow!(error)));
+    }
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     if let Some(out) = &args.out {
@@ -121,6 +138,36 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
             println!("MISMATCH {name}: {difference}");
             Ok(false)
         }
+    }
+}
+
+/// The snapshots `--oom-snapshot` writes: how many so far, and the first write that failed (an
+/// observer cannot return an error; the replay reports it afterwards).
+#[derive(Default, Clone)]
+struct OomDumps {
+    written: Arc<AtomicUsize>,
+    first_error: Arc<Mutex<Option<String>>>,
+}
+
+impl OomDumps {
+    /// An observer writing `dir/NAME.oom-N.json` at the N-th out-of-memory error.
+    fn observer(&self, dir: &Path, name: &str, trace: &Path) -> OomObserver<SimBackend> {
+        let (dumps, dir, name, trace) = (self.clone(), dir.to_path_buf(), name.to_owned(), trace.to_path_buf());
+        Arc::new(move |event, allocator| {
+            let n = dumps.written.fetch_add(1, Ordering::Relaxed) + 1;
+            let target = dir.join(format!("{name}.oom-{n}.json"));
+            let label = format!(
+                "replay of {} at out-of-memory error {n} ({} B requested, {} B free of {})",
+                trace.display(),
+                event.requested,
+                event.device_free,
+                event.device_total
+            );
+            if let Err(e) = std::fs::write(&target, Snapshot::capture(allocator, label).to_json()) {
+                let mut first = dumps.first_error.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert_with(|| format!("{}: cannot write: {e}", target.display()));
+            }
+        })
     }
 }
 

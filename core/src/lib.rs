@@ -41,7 +41,9 @@ pub mod summary;
 pub mod trace;
 mod tree;
 
-pub use allocator::{Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, SegmentSnapshot};
+pub use allocator::{
+    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, OomEvent, OomObserver, SegmentSnapshot,
+};
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError};
 pub use error::{AllocatorError, HandleError, OutOfMemoryError};

@@ -58,6 +58,9 @@ pub struct SimBackend {
     planned_segments: VecDeque<u64>,
     planned_reservations: VecDeque<u64>,
     plan_misses: u64,
+    unplanned_reservations: bool,
+    next_reservations: VecDeque<u64>,
+    reservations_made: u64,
     segments: BTreeMap<u64, u64>,
     reservations: BTreeMap<u64, Reservation>,
     streams: BTreeMap<StreamId, StreamWork>,
@@ -86,6 +89,9 @@ impl SimBackend {
             planned_segments: VecDeque::new(),
             planned_reservations: VecDeque::new(),
             plan_misses: 0,
+            unplanned_reservations: false,
+            next_reservations: VecDeque::new(),
+            reservations_made: 0,
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
             streams: BTreeMap::new(),
@@ -114,6 +120,40 @@ impl SimBackend {
     /// Base addresses to give the next VA reservations, in order.
     pub fn plan_reservation_addresses(&mut self, addresses: impl IntoIterator<Item = u64>) {
         self.planned_reservations.extend(addresses);
+    }
+
+    /// While `true`, new VA reservations take fresh addresses and leave the planned ones for
+    /// later: a replay sets it around a request that ran out of memory, where the recorded
+    /// device may have reserved VA that no `segment_map` of the trace ever shows.
+    /// Setting it back to `false` forgets the addresses of [`Self::plan_reservation_next`]
+    /// not given.
+    pub fn set_reservations_unplanned(&mut self, unplanned: bool) {
+        self.unplanned_reservations = unplanned;
+        if !unplanned {
+            self.next_reservations.clear();
+        }
+    }
+
+    /// How many VA reservations were ever made (released ones included).
+    pub fn reservations_made(&self) -> u64 {
+        self.reservations_made
+    }
+
+    /// Whether `address` lies in a live VA reservation.
+    pub fn is_reserved(&self, address: u64) -> bool {
+        self.reservations.range(..=address).next_back().is_some_and(|(base, r)| address < base + r.size)
+    }
+
+    /// Gives the next VA reservation not yet given one this way the planned address `address`
+    /// (which then leaves the plan), even while reservations are unplanned (see
+    /// [`Self::set_reservations_unplanned`]); `false` if it is not planned.
+    pub fn plan_reservation_next(&mut self, address: u64) -> bool {
+        // It leaves the plan only when given: one not given stays planned for its own map.
+        let planned = self.planned_reservations.contains(&address);
+        if planned {
+            self.next_reservations.push_back(address);
+        }
+        planned
     }
 
     /// How many planned addresses could not be used because they overlapped live memory.
@@ -173,8 +213,25 @@ impl SimBackend {
     }
 
     fn take_address(&mut self, planned_reservation: bool, size: u64) -> u64 {
-        let planned =
-            if planned_reservation { self.planned_reservations.pop_front() } else { self.planned_segments.pop_front() };
+        let planned = match (planned_reservation, self.unplanned_reservations) {
+            // The first address given by plan_reservation_next that is free by now: one still
+            // in use (its old reservation not yet released) waits for a later reservation.
+            (true, _) if !self.next_reservations.is_empty() => {
+                match self.next_reservations.iter().position(|&a| !self.overlaps(a, size)) {
+                    Some(at) => {
+                        let address = self.next_reservations.remove(at);
+                        if let Some(p) = self.planned_reservations.iter().position(|&a| Some(a) == address) {
+                            self.planned_reservations.remove(p);
+                        }
+                        address
+                    }
+                    None => return self.fresh_address(size),
+                }
+            }
+            (true, true) => None,
+            (true, false) => self.planned_reservations.pop_front(),
+            (false, _) => self.planned_segments.pop_front(),
+        };
         match planned {
             Some(address) if !self.overlaps(address, size) => {
                 self.next_address = self.next_address.max(address.saturating_add(size).next_multiple_of(SMALL_BUFFER));
@@ -230,6 +287,7 @@ impl Backend for SimBackend {
 
     fn reserve_address_space(&mut self, size: u64, page_size: u64, _stream: StreamId) -> Result<u64, BackendError> {
         let base = self.take_address(true, size);
+        self.reservations_made += 1;
         self.reservations.insert(base, Reservation { size, page_size, mapped: Default::default() });
         Ok(base)
     }

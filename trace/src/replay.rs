@@ -18,10 +18,10 @@ use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
-use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER};
+use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, SMALL_SIZE};
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
-use cachalot_core::{Allocation, CachingAllocator};
+use cachalot_core::{Allocation, CachingAllocator, OomObserver};
 
 /// `total_memory` assumed when neither the run nor the caller says (the H200 of the reference
 /// traces).
@@ -42,6 +42,43 @@ pub struct ReplayOptions {
     pub device_total: u64,
     /// Which of the snapshot's device traces to replay.
     pub device: usize,
+    /// The calls of the program that leave no entry of their own in the trace, where the run's
+    /// `expected.json` lists them (`calls`); `None` where it does not, and the replay infers
+    /// `empty_cache` calls from the releases no allocation caused.
+    pub calls: Option<Vec<ProgramCall>>,
+}
+
+/// A call of the recorded program that the trace does not show by itself
+/// (`scripts/conformance/capture.py` records a `snapshot` entry just before each).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramCall {
+    /// What was called.
+    pub call: CallKind,
+    /// Index of the `snapshot` entry recorded just before the call.
+    pub at: usize,
+}
+
+/// The calls of [`ProgramCall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    ResetPeakMemoryStats,
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    ResetAccumulatedMemoryStats,
+}
+
+impl CallKind {
+    /// The call's name in `expected.json`, PyTorch's function name.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "empty_cache" => Some(CallKind::EmptyCache),
+            "reset_peak_memory_stats" => Some(CallKind::ResetPeakMemoryStats),
+            "reset_accumulated_memory_stats" => Some(CallKind::ResetAccumulatedMemoryStats),
+            _ => None,
+        }
+    }
 }
 
 impl ReplayOptions {
@@ -58,6 +95,7 @@ impl ReplayOptions {
             memory_fraction: expected.and_then(|e| e.memory_fraction),
             device_total: expected.and_then(|e| e.device_total).unwrap_or(DEFAULT_DEVICE_TOTAL),
             device: 0,
+            calls: expected.and_then(|e| e.calls.clone()),
         })
     }
 }
@@ -151,6 +189,8 @@ pub struct ExpectedRun {
     pub memory_summary: Option<String>,
     /// Labelled marks, with OOM messages where one was raised.
     pub marks: Vec<ExpectedMark>,
+    /// Every `empty_cache` and stats reset of the program, where the capture listed them.
+    pub calls: Option<Vec<ProgramCall>>,
 }
 
 /// A mark of [`ExpectedRun`].
@@ -224,6 +264,23 @@ impl ExpectedRun {
                 });
             }
         }
+        if let Some(calls) = object.get("calls") {
+            let calls = calls.as_array().ok_or("calls: expected a list")?;
+            let mut parsed = Vec::with_capacity(calls.len());
+            for (i, c) in calls.iter().enumerate() {
+                let name = c.get("call").and_then(|v| v.as_str()).ok_or(format!("calls[{i}].call: missing"))?;
+                let call = CallKind::parse(name).ok_or(format!(
+                    "calls[{i}].call: '{name}' is not one of empty_cache, reset_peak_memory_stats, \
+                     reset_accumulated_memory_stats"
+                ))?;
+                let at = c
+                    .get("trace_len")
+                    .and_then(|v| v.as_u64())
+                    .ok_or(format!("calls[{i}].trace_len: expected a non-negative integer"))?;
+                parsed.push(ProgramCall { call, at: at as usize });
+            }
+            run.calls = Some(parsed);
+        }
         Ok(run)
     }
 }
@@ -237,6 +294,18 @@ type DeferredFrees = FxHashMap<usize, Option<usize>>;
 pub fn replay(
     snapshot: &TorchSnapshot,
     options: &ReplayOptions,
+    progress: impl FnMut(usize, usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    replay_observed(snapshot, options, &[], progress)
+}
+
+/// [`replay`] with `observers` attached to the replayed allocator: each is called at every
+/// out-of-memory error the replay raises, with the allocator as that error left it (e.g. to
+/// write a snapshot, as `cachalot replay --oom-snapshot` does).
+pub fn replay_observed(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    observers: &[OomObserver<SimBackend>],
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ReplayOutcome, ReplayError> {
     let device = options.device;
@@ -258,6 +327,9 @@ pub fn replay(
     }
     allocator.record_history(true, usize::MAX, &[], false);
     allocator.adopt_contexts(snapshot.contexts.clone());
+    for observer in observers {
+        allocator.attach_oom_observer(observer.clone());
+    }
 
     let deferred = deferred_frees(trace);
     let completions: FxHashMap<usize, StreamId> =
@@ -324,6 +396,10 @@ pub fn replay(
                     // The other stream's work is done now; the free completes at the next
                     // malloc, or here if the program called empty_cache with nothing to free.
                     allocator.backend_mut().finish_stream(stream);
+                    if options.calls.is_some() {
+                        i += 1;
+                        continue; // the program's empty_cache calls are known
+                    }
                     let after = (i + 1..trace.len())
                         .find(|&n| !(trace[n].action == TraceAction::FreeCompleted && completions.contains_key(&n)));
                     if after.is_none_or(|n| !ends_sync_run(trace[n].action)) {
@@ -345,7 +421,9 @@ pub fn replay(
                     .iter()
                     .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
                     .count();
-                if !released_by_next_malloc(&allocator, trace, i, run) {
+                // Where the program's calls are known, a release no call explains is the next
+                // malloc's (and a difference shows as an extra or a missing segment event).
+                if options.calls.is_none() && !released_by_next_malloc(&allocator, trace, i, run) {
                     empty_cache_points.push(i);
                     if let Err(error) = allocator.empty_cache() {
                         divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
@@ -356,7 +434,15 @@ pub fn replay(
             }
             TraceAction::Oom => {
                 allocator.backend_mut().set_free_memory_override(Some(e.addr));
-                match allocator.malloc(e.size, e.stream) {
+                // The reservations a failing request makes are never mapped by it; the first
+                // one may be by a later request, which shows its address.
+                for address in oom_reservation_addresses(&allocator, trace, i) {
+                    allocator.backend_mut().plan_reservation_next(address);
+                }
+                allocator.backend_mut().set_reservations_unplanned(true);
+                let result = allocator.malloc(e.size, e.stream);
+                allocator.backend_mut().set_reservations_unplanned(false);
+                match result {
                     Err(AllocatorError::OutOfMemory(oom)) => {
                         ooms.push(ReplayOom { index: i, message: oom.message, recorded: true })
                     }
@@ -373,6 +459,15 @@ pub fn replay(
                 }
                 allocator.backend_mut().set_free_memory_override(None);
             }
+            TraceAction::Snapshot if options.calls.is_some() => {
+                let calls = options.calls.as_deref().unwrap_or_default();
+                let mut skip = 0;
+                for call in calls.iter().filter(|c| c.at == i) {
+                    skip = skip.max(perform_call(&mut allocator, call.call, trace, i, &completions)?);
+                }
+                i += 1 + skip;
+                continue;
+            }
             // Caused by allocations, which the replay performs itself.
             TraceAction::SegmentAlloc | TraceAction::SegmentMap | TraceAction::Snapshot => {}
         }
@@ -382,6 +477,87 @@ pub fn replay(
     allocator.set_context(None);
     allocator.set_annotation_id(None);
     Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device })
+}
+
+/// Performs the program's `call`, recorded after the `snapshot` entry `trace[at]`; returns how
+/// many entries after it are the call's own doing (an `empty_cache`'s completions of deferred
+/// frees and its releases), which the replay then skips.
+fn perform_call(
+    allocator: &mut CachingAllocator<SimBackend>,
+    call: CallKind,
+    trace: &[TraceEntry],
+    at: usize,
+    completions: &FxHashMap<usize, StreamId>,
+) -> Result<usize, ReplayError> {
+    match call {
+        CallKind::ResetPeakMemoryStats => {
+            allocator.reset_peak_stats();
+            Ok(0)
+        }
+        CallKind::ResetAccumulatedMemoryStats => {
+            allocator.reset_accumulated_stats();
+            Ok(0)
+        }
+        CallKind::EmptyCache => {
+            // empty_cache synchronizes first: every deferred free whose completion follows
+            // completes now, then the cached segments are released.
+            let after = &trace[at + 1..];
+            let completed = after.iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
+            for j in at + 1..at + 1 + completed {
+                if let Some(&stream) = completions.get(&j) {
+                    allocator.backend_mut().finish_stream(stream);
+                }
+            }
+            let released = after[completed..]
+                .iter()
+                .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
+                .count();
+            allocator.empty_cache().map_err(ReplayError::Setup)?;
+            Ok(completed + released)
+        }
+    }
+}
+
+/// The addresses of the VA reservations that the failing request `trace[at]` makes, where the
+/// trace shows them. PyTorch's `find_expandable_block` reserves a new segment when no segment of
+/// the stream and pool has room, whether or not mapping it then fails, and each step of the
+/// retry chain tries again; the new reservations stay, unmapped, and the trace first shows one
+/// when a later request of that stream and pool maps a page there: such a request takes the
+/// lowest of them before any new reservation, so the first `segment_map`s of the stream, for
+/// the pool, outside every reservation live after the failure (whose retry chain may have
+/// released some, whose VA the driver may give the new ones), are theirs. Those never shown take addresses of
+/// the simulator's own.
+fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[TraceEntry], at: usize) -> Vec<u64> {
+    let e = &trace[at];
+    let mut probe = allocator.clone();
+    probe.detach_oom_observers();
+    probe.record_history(false, 1, &[], true);
+    probe.backend_mut().set_reservations_unplanned(true);
+    let before = probe.backend().reservations_made();
+    let _ = probe.malloc(e.size, e.stream);
+    let made = (probe.backend().reservations_made() - before) as usize;
+    let small = e.size <= SMALL_SIZE;
+    let total = cachalot_core::Backend::device(allocator.backend()).total_memory;
+    let page = if small { SMALL_BUFFER } else { allocator.config().large_segment_size() };
+    let extent = (total + total / 8).div_ceil(page) * page;
+    let mut shown: Vec<u64> = Vec::new();
+    for (n, m) in trace.iter().enumerate().skip(at + 1) {
+        if shown.len() == made {
+            break;
+        }
+        let reveals = m.action == TraceAction::SegmentMap
+            && m.stream == e.stream
+            && !probe.backend().is_reserved(m.addr)
+            && !shown.iter().any(|&base| (base..base + extent).contains(&m.addr))
+            && trace[n + 1..]
+                .iter()
+                .find(|r| matches!(r.action, TraceAction::Alloc | TraceAction::Oom))
+                .is_some_and(|r| (r.size <= SMALL_SIZE) == small);
+        if reveals {
+            shown.push(m.addr);
+        }
+    }
+    shown
 }
 
 fn synthetic_stream(completion: usize) -> StreamId {
@@ -426,6 +602,7 @@ fn released_by_next_malloc(
                 return false;
             }
             let mut probe = allocator.clone();
+            probe.detach_oom_observers();
             probe.record_history(false, 1, &[], true);
             let before = probe.stats().num_device_free;
             probe.malloc(request.size, request.stream).is_ok() && probe.stats().num_device_free - before == run as u64
@@ -435,31 +612,48 @@ fn released_by_next_malloc(
 }
 
 /// The addresses the recording's device gave new segments and new VA reservations, in order.
+///
+/// A `segment_map` inside a live reservation extends it; any other starts a new one. Like
+/// PyTorch's `ExpandableSegment`, each reservation spans 1 1/8 of the device in pages of its
+/// pool (2 MiB for the small pool, `large_segment_size` for the large one), so the extents of a
+/// small and a large reservation differ, and the driver may place the next reservation closer
+/// to a small one than a large one's extent: which pool a reservation serves is told by the
+/// request that mapped its first page.
 fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>, Vec<u64>) {
     let total = options.device_total;
     let extent = |page: u64| (total + total / 8).div_ceil(page) * page;
-    let va = extent(SMALL_BUFFER).max(extent(options.config.large_segment_size()));
+    let (small_extent, large_extent) = (extent(SMALL_BUFFER), extent(options.config.large_segment_size()));
     let mut segments = Vec::new();
     let mut bases = Vec::new();
-    // Live reservations: base -> mapped bytes. A reservation whose last page is unmapped is
-    // released by PyTorch at once, so its VA may come back as a new reservation.
-    let mut reservations: BTreeMap<u64, u64> = BTreeMap::new();
-    for e in trace {
+    // Live reservations: base -> (mapped bytes, extent). A reservation whose last page is
+    // unmapped is released by PyTorch at once, so its VA may come back as a new reservation.
+    let mut reservations: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::SegmentAlloc => segments.push(e.addr),
             TraceAction::SegmentMap => {
-                let owner =
-                    reservations.range(..=e.addr).next_back().filter(|(b, _)| e.addr < *b + va).map(|(b, _)| *b);
+                let owner = reservations
+                    .range(..=e.addr)
+                    .next_back()
+                    .filter(|(b, (_, extent))| e.addr < *b + extent)
+                    .map(|(b, _)| *b);
                 let base = owner.unwrap_or_else(|| {
                     bases.push(e.addr);
+                    let request =
+                        trace[i + 1..].iter().find(|n| matches!(n.action, TraceAction::Alloc | TraceAction::Oom));
+                    let small = request.is_some_and(|r| r.size <= SMALL_SIZE);
+                    reservations.insert(e.addr, (0, if small { small_extent } else { large_extent }));
                     e.addr
                 });
-                *reservations.entry(base).or_default() += e.size;
+                if let Some((mapped, _)) = reservations.get_mut(&base) {
+                    *mapped += e.size;
+                }
             }
             TraceAction::SegmentUnmap => {
                 let owner = reservations.range(..=e.addr).next_back().map(|(b, _)| *b);
-                if let Some(base) = owner {
-                    let mapped = reservations.entry(base).or_default();
+                if let Some(base) = owner
+                    && let Some((mapped, _)) = reservations.get_mut(&base)
+                {
                     *mapped = mapped.saturating_sub(e.size);
                     if *mapped == 0 {
                         reservations.remove(&base);

@@ -1,6 +1,7 @@
 //! `malloc`: best fit in the cache, splitting, new segments and the out-of-memory retry chain
 //! (`docs/allocator-rules.md` §5, §6, §9, §10).
 
+use super::observer::OomEvent;
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, Location, NIL, Segment};
@@ -245,6 +246,13 @@ impl<B: Backend> CachingAllocator<B> {
             limit: limit.as_deref(),
         }
         .render();
+        self.notify_oom_observers(&OomEvent {
+            device: self.backend.device().index,
+            requested: request.alloc_size,
+            device_free,
+            device_total,
+            allowed: self.allowed_memory_maximum,
+        });
         AllocatorError::OutOfMemory(Box::new(OutOfMemoryError {
             message,
             requested,

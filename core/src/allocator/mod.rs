@@ -12,6 +12,7 @@ mod free;
 mod inspect;
 mod malloc;
 mod object;
+mod observer;
 mod release;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -29,6 +30,8 @@ use crate::tree::{BlockTree, FreeIndex};
 
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;
+use observer::OomObservers;
+pub use observer::{OomEvent, OomObserver};
 
 /// Gives every allocator an id, so a handle from another allocator is recognised.
 static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
@@ -135,6 +138,8 @@ pub struct CachingAllocator<B: Backend> {
     /// Whether the garbage collector's clock ever ticked: until then every block's insertion
     /// time is 0, which the cold parts already hold.
     gc_clock_started: bool,
+    /// Callbacks called at out-of-memory errors (`observer.rs`).
+    oom_observers: OomObservers<B>,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -165,6 +170,7 @@ impl<B: Backend> CachingAllocator<B> {
             last_device_limit: None,
             contexts_used: false,
             gc_clock_started: false,
+            oom_observers: OomObservers::default(),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -503,6 +509,7 @@ where
             last_device_limit: self.last_device_limit.clone(),
             contexts_used: self.contexts_used,
             gc_clock_started: self.gc_clock_started,
+            oom_observers: self.oom_observers.clone(),
         }
     }
 }
