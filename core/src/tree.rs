@@ -117,6 +117,8 @@ fn size_class(size: u64) -> usize {
 #[derive(Clone, Debug)]
 struct StreamClasses {
     stream: StreamId,
+    /// Blocks in the lists; the entry is released when this drops to 0.
+    filed: usize,
     lists: Box<[List]>,
     /// Bit `g` set when `bits[g]` is non-zero.
     groups: u64,
@@ -126,7 +128,13 @@ struct StreamClasses {
 
 impl StreamClasses {
     fn new(stream: StreamId) -> Self {
-        StreamClasses { stream, lists: vec![List::default(); CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
+        StreamClasses {
+            stream,
+            filed: 0,
+            lists: vec![List::default(); CLASSES].into_boxed_slice(),
+            groups: 0,
+            bits: [0; GROUPS],
+        }
     }
 
     /// Marks class `class` non-empty (after an insert).
@@ -194,15 +202,23 @@ impl StreamClasses {
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
 pub(crate) struct FreeIndex {
-    /// Sorted by stream. Entries stay once created, so later inserts on a stream allocate
-    /// nothing.
+    /// Sorted by stream; only streams with filed blocks have an entry. An entry's class lists
+    /// take about 300 KB, so an entry whose last block leaves is released: a stream that holds
+    /// no free block of this pool costs nothing, however many streams a trace names.
     streams: Vec<StreamClasses>,
+    /// Emptied entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
+    /// that a stream whose free set empties and fills again allocates nothing.
+    spare: Vec<StreamClasses>,
     /// The chunks of every class's list.
     arena: Arena,
     /// Blocks in the class lists (the recent block not counted).
     listed: usize,
     recent: Recent,
 }
+
+/// Emptied per-stream entries a [`FreeIndex`] keeps for reuse: a bounded cache (about 1 MB),
+/// enough for a few streams whose free sets empty and fill again in turn.
+const SPARE_STREAMS: usize = 4;
 
 /// The block inserted last, not in any class list; `id` is [`NIL`] when there is none. Its
 /// stream and key are kept here, so that filing it later and comparing against it read no
@@ -218,6 +234,7 @@ impl Default for FreeIndex {
     fn default() -> Self {
         FreeIndex {
             streams: Vec::new(),
+            spare: Vec::new(),
             arena: Arena::default(),
             listed: 0,
             recent: Recent { id: NIL, stream: StreamId::DEFAULT, key: (0, 0) },
@@ -258,7 +275,14 @@ impl FreeIndex {
             Some(i) => i,
             None => {
                 let at = self.streams.partition_point(|s| s.stream < block.stream);
-                self.streams.insert(at, StreamClasses::new(block.stream));
+                let classes = match self.spare.pop() {
+                    Some(mut spare) => {
+                        spare.stream = block.stream;
+                        spare
+                    }
+                    None => StreamClasses::new(block.stream),
+                };
+                self.streams.insert(at, classes);
                 at
             }
         };
@@ -266,21 +290,31 @@ impl FreeIndex {
         let class = size_class(block.key.0);
         classes.lists[class].insert(&mut self.arena, block.key, block.id);
         classes.mark_filled(class);
+        classes.filed += 1;
         self.listed += 1;
     }
 
     /// Takes a block out of its class list.
     fn unfile(&mut self, blocks: &Blocks, id: u32) {
         let b = &blocks[id];
-        let Some(classes) = self.streams.iter_mut().find(|s| s.stream == b.stream) else {
+        let Some(index) = self.streams.iter().position(|s| s.stream == b.stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };
+        let classes = &mut self.streams[index];
         let class = size_class(b.size);
         let found = classes.lists[class].remove(&mut self.arena, BySize::key(b));
         debug_assert!(found, "block {id} not in its set");
         classes.mark_if_emptied(class);
+        classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
+        if classes.filed == 0 {
+            // Every list is empty and every bit clear: the entry can serve any stream later.
+            let emptied = self.streams.remove(index);
+            if self.spare.len() < SPARE_STREAMS {
+                self.spare.push(emptied);
+            }
+        }
     }
 
     /// The recent block if it is in `stream` and `qualifies` by its key, and comes before the
@@ -392,6 +426,10 @@ impl FreeIndex {
             if i > 0 && self.streams[i - 1].stream >= classes.stream {
                 return Err("free index streams out of order".into());
             }
+            if classes.filed == 0 {
+                return Err(format!("stream {} keeps an empty entry", classes.stream.0));
+            }
+            let before = total;
             // Only the classes the bitmap marks are visited: a non-empty list the bitmap misses
             // leaves its members uncounted, which the total below catches.
             let mut class = classes.first_from(0);
@@ -422,6 +460,19 @@ impl FreeIndex {
                 if (classes.groups >> g & 1 == 1) != (classes.bits[g] != 0) {
                     return Err(format!("size class group {g} bitmap disagrees"));
                 }
+            }
+            if total - before != classes.filed {
+                return Err(format!(
+                    "stream {} lists {} blocks but counts {}",
+                    classes.stream.0,
+                    total - before,
+                    classes.filed
+                ));
+            }
+        }
+        for spare in &self.spare {
+            if spare.filed != 0 || spare.groups != 0 {
+                return Err("a spare free-index entry is not empty".into());
             }
         }
         if total != self.listed {
@@ -767,6 +818,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A stream whose free blocks are all taken keeps no entry: 10,000 streams that each held
+    /// free blocks once leave the index as small as one stream does, and an emptied entry
+    /// waits for reuse.
+    #[test]
+    fn idle_streams_cost_nothing() {
+        let mut blocks = Blocks::default();
+        let mut index = FreeIndex::default();
+        for stream in 0..10_000u64 {
+            // Two blocks, so that one is filed in the lists beside the recent one.
+            let first = add(&mut blocks, stream, 1 << 20, stream * 8192);
+            let second = add(&mut blocks, stream, 2 << 20, stream * 8192 + 4096);
+            index.insert(&blocks, first);
+            index.insert(&blocks, second);
+            index.remove(&blocks, first);
+            index.remove(&blocks, second);
+            blocks.remove(first);
+            blocks.remove(second);
+        }
+        index.check(&blocks).unwrap();
+        assert!(index.streams.is_empty());
+        // The streams came one after another, so one entry served them all.
+        assert_eq!(index.spare.len(), 1);
+        // An emptied entry serves the next stream with its lists cleared.
+        let id = add(&mut blocks, 77, 4096, 0);
+        let other = add(&mut blocks, 77, 8192, 8192);
+        index.insert(&blocks, id);
+        index.insert(&blocks, other);
+        index.check(&blocks).unwrap();
+        assert_eq!(index.lower_bound(StreamId(77), 1), Some(id));
+        assert!(index.spare.is_empty());
     }
 
     #[test]

@@ -200,8 +200,13 @@ impl ExpectedRun {
                 Some(serde_json::Value::String(s)) => s.clone(),
                 Some(other) => return Err(format!("PYTORCH_CUDA_ALLOC_CONF: expected a string, found {other}")),
             },
-            memory_fraction: number("memory_fraction")?,
-            device_total: number("device_total_bytes")?.map(|t| t as u64),
+            memory_fraction: number("memory_fraction")?
+                .map(|f| match (0.0..=1.0).contains(&f) {
+                    true => Ok(f),
+                    false => Err(format!("memory_fraction: {f} is not within [0, 1]")),
+                })
+                .transpose()?,
+            device_total: number("device_total_bytes")?.map(device_total_bytes).transpose()?,
             ..ExpectedRun::default()
         };
         if let Some(stats) = object.get("memory_stats") {
@@ -225,6 +230,18 @@ impl ExpectedRun {
             }
         }
         Ok(run)
+    }
+}
+
+/// `device_total_bytes` of an `expected.json`: a whole number of bytes from 1 to 1 EiB. A
+/// negative, fractional, NaN or larger value is an error instead of a cast that would make it 0
+/// or saturate.
+fn device_total_bytes(total: f64) -> Result<u64, String> {
+    // MAX_REQUEST is a power of two, exactly representable as f64.
+    if total.is_finite() && total >= 1.0 && total <= MAX_REQUEST as f64 && total.fract() == 0.0 {
+        Ok(total as u64)
+    } else {
+        Err(format!("device_total_bytes: {total} is not a whole number of bytes from 1 to 1 EiB ({MAX_REQUEST})"))
     }
 }
 
