@@ -18,12 +18,22 @@ pub struct CompareArgs {
     /// baseline.
     #[arg(required = true, num_args = 2..)]
     pub runs: Vec<PathBuf>,
-    /// Largest relative difference of losses per step accepted.
-    #[arg(long, default_value_t = 1e-3)]
+    /// Largest relative difference of losses per step accepted: a finite number, 0 or more.
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_tolerance)]
     pub loss_tolerance: f64,
     /// Do not rerun experiments on the simulator to verify reasons.
     #[arg(long)]
     pub no_verify: bool,
+}
+
+/// `--loss-tolerance`: NaN would accept every loss (each comparison with it is false), and a
+/// negative or infinite one means nothing.
+fn parse_tolerance(text: &str) -> Result<f64, String> {
+    let tolerance: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if !(tolerance.is_finite() && tolerance >= 0.0) {
+        return Err(format!("{tolerance} is not a finite number of 0 or more"));
+    }
+    Ok(tolerance)
 }
 
 /// Runs the command. Exit status 0 when every difference has a known reason, losses agree and

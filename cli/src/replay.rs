@@ -67,7 +67,7 @@ pub fn run(args: &ReplayArgs) -> Outcome {
 
 /// Reads, replays and reports one trace; `Ok(false)` when `--check` found a difference.
 fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
-    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let bytes = crate::input::read(path)?;
     if FileFormat::detect(&bytes) != FileFormat::TorchPickle {
         parse(path, &bytes)?;
         return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
