@@ -18,7 +18,8 @@ use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
-use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER};
+use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, allocation_size, round_size};
+use cachalot_core::backend::Backend;
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
 use cachalot_core::{Allocation, CachingAllocator};
@@ -284,6 +285,10 @@ pub fn replay(
     let mut ooms = Vec::new();
     let mut divergences = Vec::new();
     let mut empty_cache_points = Vec::new();
+    // Whether an allocation failed where PyTorch's succeeded: its free is then skipped.
+    let mut alloc_failed = false;
+    // The first index after the current run of deferred completions (see FreeCompleted).
+    let mut completions_end = 0;
     let mut i = 0;
     while i < trace.len() {
         if i % 65_536 == 0 {
@@ -308,6 +313,7 @@ pub fn replay(
                     if let AllocatorError::OutOfMemory(oom) = &error {
                         ooms.push(ReplayOom { index: i, message: oom.message.clone(), recorded: false });
                     }
+                    alloc_failed = true;
                     divergences.push(Divergence {
                         index: i,
                         message: format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size),
@@ -316,7 +322,7 @@ pub fn replay(
             },
             TraceAction::FreeRequested => {
                 let Some(allocation) = live.remove(&e.addr) else {
-                    if divergences.iter().any(|d| d.message.contains("failed where")) {
+                    if alloc_failed {
                         i += 1;
                         continue; // its alloc already diverged
                     }
@@ -341,8 +347,14 @@ pub fn replay(
                     // The other stream's work is done now; the free completes at the next
                     // malloc, or here if the program called empty_cache with nothing to free.
                     allocator.backend_mut().finish_stream(stream);
-                    let after = (i + 1..trace.len())
-                        .find(|&n| !(trace[n].action == TraceAction::FreeCompleted && completions.contains_key(&n)));
+                    // The end of this run of deferred completions, found once per run rather
+                    // than once per completion (which was quadratic in the run's length).
+                    if completions_end <= i {
+                        completions_end = (i + 1..trace.len())
+                            .find(|&n| !(trace[n].action == TraceAction::FreeCompleted && completions.contains_key(&n)))
+                            .unwrap_or(trace.len());
+                    }
+                    let after = (completions_end < trace.len()).then_some(completions_end);
                     if after.is_none_or(|n| !ends_sync_run(trace[n].action)) {
                         let last = trace[i..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
                         for j in i..i + last {
@@ -442,6 +454,12 @@ fn released_by_next_malloc(
             if !matches!(request.action, TraceAction::Alloc) {
                 return false;
             }
+            if new_segment_fits(allocator, request.size) {
+                // The malloc's first device allocation succeeds, so it releases nothing: no
+                // copy of the allocator is needed to see that (a copy per release run made
+                // replay quadratic in the trace's length on traces that churn segments).
+                return false;
+            }
             let mut probe = allocator.clone();
             probe.record_history(false, 1, &[], true);
             let before = probe.stats().num_device_free;
@@ -449,6 +467,22 @@ fn released_by_next_malloc(
         }
         _ => false,
     }
+}
+
+/// Whether a malloc of `size` bytes that finds no cached block gets a new segment from the
+/// device at the first try: no memory fraction, no garbage collection and no expandable
+/// segments (each of which has paths of its own before or instead of the device call), and
+/// the simulated device has room for the segment. Such a malloc releases no cached segment.
+fn new_segment_fits(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool {
+    let config = allocator.config();
+    if allocator.memory_fraction() < 1.0 || config.garbage_collection_threshold() > 0.0 || config.expandable_segments()
+    {
+        return false;
+    }
+    let rounded = round_size(size, config.roundup_power2_divisions());
+    let segment = allocation_size(rounded, config.large_segment_size());
+    let sim = allocator.backend();
+    sim.device().total_memory.saturating_sub(sim.used()) >= segment
 }
 
 /// The addresses the recording's device gave new segments and new VA reservations, in order.
