@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 
 use crate::snapshot::torch::TorchSnapshot;
+use cachalot_core::backend::Backend;
 use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
 use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, allocation_size, round_size};
-use cachalot_core::backend::Backend;
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
 use cachalot_core::{Allocation, CachingAllocator};
