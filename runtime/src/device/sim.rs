@@ -190,7 +190,8 @@ impl HostSim {
         let refuse = |why: String| BackendError::OutOfMemory { limit: Some(why) };
         if self.backed.saturating_add(bytes) > MAX_HOST_BACKING {
             return Err(refuse(format!(
-                "host memory: the simulator computes on host memory, and {bytes} more bytes would pass its                  limit of {MAX_HOST_BACKING} bytes ({} backed)",
+                "host memory: the simulator computes on host memory, and {bytes} more bytes would pass its \
+                 limit of {MAX_HOST_BACKING} bytes ({} backed)",
                 self.backed
             )));
         }
