@@ -499,13 +499,17 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
         match e.action {
             TraceAction::SegmentAlloc => segments.push(e.addr),
             TraceAction::SegmentMap => {
-                let owner =
-                    reservations.range(..=e.addr).next_back().filter(|(b, _)| e.addr < *b + va).map(|(b, _)| *b);
+                let owner = reservations
+                    .range(..=e.addr)
+                    .next_back()
+                    .filter(|(b, _)| e.addr < b.saturating_add(va))
+                    .map(|(b, _)| *b);
                 let base = owner.unwrap_or_else(|| {
                     bases.push(e.addr);
                     e.addr
                 });
-                *reservations.entry(base).or_default() += e.size;
+                let mapped = reservations.entry(base).or_default();
+                *mapped = mapped.saturating_add(e.size);
             }
             TraceAction::SegmentUnmap => {
                 let owner = reservations.range(..=e.addr).next_back().map(|(b, _)| *b);
@@ -728,4 +732,28 @@ fn verify_expected_run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `device_total_bytes` and `memory_fraction` out of range are errors naming the field,
+    /// where a cast once made -1 and NaN a device of 0 bytes.
+    #[test]
+    fn expected_values_out_of_range_are_named() {
+        for (json, field) in [
+            (r#"{"device_total_bytes": -1}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": "NaN"}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": 1.5}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": 1e30}"#, "device_total_bytes"),
+            (r#"{"memory_fraction": 7}"#, "memory_fraction"),
+            (r#"{"memory_fraction": "NaN"}"#, "memory_fraction"),
+        ] {
+            let err = ExpectedRun::from_json(json.as_bytes()).unwrap_err();
+            assert!(err.starts_with(field), "{json}: {err}");
+        }
+        let run = ExpectedRun::from_json(br#"{"device_total_bytes": 150754820096, "memory_fraction": 0.5}"#).unwrap();
+        assert_eq!((run.device_total, run.memory_fraction), (Some(150_754_820_096), Some(0.5)));
+    }
 }
