@@ -49,14 +49,12 @@ pub fn run(args: &CompareArgs) -> Outcome {
         let mut column = load(path).map_err(|e| Failure::input(anyhow!(e)))?;
         // The record comes from the file, not from the user: its experiment is rerun only
         // within visible limits, or when the user asks with --rerun.
-        if !args.no_verify && !args.rerun {
-            if let Some(why) = column.experiment.as_ref().and_then(rerun::beyond_limits) {
-                eprintln!(
-                    "cachalot compare: {}: not rerun to verify reasons: {why} (--rerun allows it)",
-                    path.display()
-                );
-                column.experiment = None;
-            }
+        if !args.no_verify
+            && !args.rerun
+            && let Some(why) = column.experiment.as_ref().and_then(rerun::beyond_limits)
+        {
+            eprintln!("cachalot compare: {}: not rerun to verify reasons: {why} (--rerun allows it)", path.display());
+            column.experiment = None;
         }
         columns.push(column);
     }

@@ -61,30 +61,31 @@ fn get_index(port: u16) -> String {
 /// Raises this process's open-file limit to its hard limit (the idle connections need one
 /// descriptor each here; the server keeps only a bounded number of them).
 #[cfg(unix)]
-fn raise_file_limit(wanted: u64) -> u64 {
+fn raise_file_limit(wanted: usize) -> usize {
+    let wanted = wanted as libc::rlim_t;
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit write and read the struct passed; RLIMIT_NOFILE is valid.
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-        if (limit.rlim_cur as u64) < wanted {
-            limit.rlim_cur = limit.rlim_max.min(wanted as libc::rlim_t);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = limit.rlim_max.min(wanted);
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
     }
-    limit.rlim_cur as u64
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }
 
 #[cfg(not(unix))]
-fn raise_file_limit(wanted: u64) -> u64 {
+fn raise_file_limit(wanted: usize) -> usize {
     wanted
 }
 
 #[test]
 fn five_thousand_idle_connections_do_not_lock_the_page_out() {
     const IDLE: usize = 5_000;
-    let available = raise_file_limit(IDLE as u64 + 256);
-    assert!(available >= IDLE as u64 + 64, "the open-file limit is {available}: raise it to run this test");
+    let available = raise_file_limit(IDLE + 256);
+    assert!(available >= IDLE + 64, "the open-file limit is {available}: raise it to run this test");
     let server = start("idle");
     let mut idle = Vec::with_capacity(IDLE);
     for _ in 0..IDLE {
