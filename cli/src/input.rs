@@ -84,3 +84,17 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Input> {
         FileFormat::Unknown => bail!("{name}: not a cachalot snapshot (JSON), a PyTorch snapshot pickle or an op file"),
     }
 }
+
+/// Where a trace's allocator settings come from, for errors: the `PYTORCH_CUDA_ALLOC_CONF` of the
+/// `NAME.expected.json` beside `trace` when there is one (it takes precedence), else the
+/// pickle's `allocator_settings`.
+pub fn settings_place(trace: &Path, has_expected: bool) -> String {
+    match has_expected {
+        true => {
+            let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let stem = name.strip_suffix(".pickle").unwrap_or(&name);
+            format!("{}: PYTORCH_CUDA_ALLOC_CONF", trace.with_file_name(format!("{stem}.expected.json")).display())
+        }
+        false => format!("{}: allocator_settings", trace.display()),
+    }
+}

@@ -137,7 +137,7 @@ fn options(
     expected: Option<&cachalot_trace::replay::ExpectedRun>,
 ) -> Result<ReplayOptions> {
     let mut options = ReplayOptions::for_snapshot(snapshot, expected)
-        .with_context(|| format!("{}: allocator settings", path.display()))?;
+        .with_context(|| crate::input::settings_place(path, expected.is_some()))?;
     if let Some(settings) = &args.config {
         options.config = AllocatorConfig::parse(settings).context("--config")?;
     }

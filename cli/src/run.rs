@@ -145,7 +145,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     // The cast would saturate silently; nothing PyTorch can allocate is larger than 1 EiB.
     let bytes = value * scale as f64;
     if !(bytes.is_finite() && bytes <= cachalot_core::size::MAX_REQUEST as f64) {
-        return Err(format!("'{text}' is more than 1 EiB"));
+        return Err(format!(
+            "'{text}' bytes is larger than any device (at most 1 EiB = {} bytes)",
+            cachalot_core::size::MAX_REQUEST
+        ));
     }
     Ok(bytes as u64)
 }
