@@ -2,6 +2,7 @@
 //! PyTorch's `expected.json` — with every difference and, where it is known, its reason. The
 //! analysis is `cachalot_runtime::comparison`; this command renders it as text ([`text`]).
 
+mod rerun;
 mod text;
 
 use std::path::PathBuf;
@@ -18,12 +19,26 @@ pub struct CompareArgs {
     /// baseline.
     #[arg(required = true, num_args = 2..)]
     pub runs: Vec<PathBuf>,
-    /// Largest relative difference of losses per step accepted.
-    #[arg(long, default_value_t = 1e-3)]
+    /// Largest relative difference of losses per step accepted: a finite number, 0 or more.
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_tolerance)]
     pub loss_tolerance: f64,
     /// Do not rerun experiments on the simulator to verify reasons.
     #[arg(long)]
     pub no_verify: bool,
+    /// Rerun recorded experiments even beyond the limits a snapshot's record is trusted with
+    /// (steps, sizes), and op-file records, which read the file the record names.
+    #[arg(long, conflicts_with = "no_verify")]
+    pub rerun: bool,
+}
+
+/// `--loss-tolerance`: NaN would accept every loss (each comparison with it is false), and a
+/// negative or infinite one means nothing.
+fn parse_tolerance(text: &str) -> Result<f64, String> {
+    let tolerance: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if !(tolerance.is_finite() && tolerance >= 0.0) {
+        return Err(format!("{tolerance} is not a finite number of 0 or more"));
+    }
+    Ok(tolerance)
 }
 
 /// Runs the command. Exit status 0 when every difference has a known reason, losses agree and
@@ -31,7 +46,17 @@ pub struct CompareArgs {
 pub fn run(args: &CompareArgs) -> Outcome {
     let mut columns = Vec::with_capacity(args.runs.len());
     for path in &args.runs {
-        columns.push(load(path).map_err(|e| Failure::input(anyhow!(e)))?);
+        let mut column = load(path).map_err(|e| Failure::input(anyhow!(e)))?;
+        // The record comes from the file, not from the user: its experiment is rerun only
+        // within visible limits, or when the user asks with --rerun.
+        if !args.no_verify
+            && !args.rerun
+            && let Some(why) = column.experiment.as_ref().and_then(rerun::beyond_limits)
+        {
+            eprintln!("cachalot compare: {}: not rerun to verify reasons: {why} (--rerun allows it)", path.display());
+            column.experiment = None;
+        }
+        columns.push(column);
     }
     let options = CompareOptions { loss_tolerance: args.loss_tolerance, verify: !args.no_verify };
     let comparison = compare_runs(columns, options);

@@ -76,7 +76,7 @@ pub fn run(args: &ReplayArgs) -> Outcome {
 
 /// Reads, replays and reports one trace; `Ok(false)` when `--check` found a difference.
 fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
-    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let bytes = crate::input::read(path)?;
     if FileFormat::detect(&bytes) != FileFormat::TorchPickle {
         parse(path, &bytes)?;
         return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
@@ -184,7 +184,7 @@ fn options(
     expected: Option<&cachalot_trace::replay::ExpectedRun>,
 ) -> Result<ReplayOptions> {
     let mut options = ReplayOptions::for_snapshot(snapshot, expected)
-        .with_context(|| format!("{}: allocator settings", path.display()))?;
+        .with_context(|| crate::input::settings_place(path, expected.is_some()))?;
     if let Some(settings) = &args.config {
         options.config = AllocatorConfig::parse(settings).context("--config")?;
     }

@@ -31,7 +31,7 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
         Input::Torch(snapshot) => {
             let expected = expected_beside(&args.file)?;
             let mut options = ReplayOptions::for_snapshot(&snapshot, expected.as_ref())
-                .with_context(|| format!("{}: allocator settings", args.file.display()))?;
+                .with_context(|| crate::input::settings_place(&args.file, expected.is_some()))?;
             if let Some(settings) = &args.config {
                 options.config = AllocatorConfig::parse(settings).context("--config")?;
             }

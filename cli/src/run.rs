@@ -142,7 +142,15 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "t" | "tib" => 1 << 40,
         other => return Err(format!("unknown unit '{other}' in '{text}'")),
     };
-    Ok((value * scale as f64) as u64)
+    // The cast would saturate silently; nothing PyTorch can allocate is larger than 1 EiB.
+    let bytes = value * scale as f64;
+    if !(bytes.is_finite() && bytes <= cachalot_core::size::MAX_REQUEST as f64) {
+        return Err(format!(
+            "'{text}' bytes is larger than any device (at most 1 EiB = {} bytes)",
+            cachalot_core::size::MAX_REQUEST
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
@@ -285,5 +293,7 @@ mod tests {
         assert_eq!(parse_bytes("4 GiB"), Ok(4 << 30));
         assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
         assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999999999999T").is_err());
+        assert!(parse_bytes("2000000000000000000000").is_err());
     }
 }

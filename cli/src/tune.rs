@@ -80,7 +80,7 @@ fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
     };
     let expected = expected_beside(path)?;
     let mut options = ReplayOptions::for_snapshot(&snapshot, expected.as_ref())
-        .with_context(|| format!("{}: allocator settings", path.display()))?;
+        .with_context(|| crate::input::settings_place(path, expected.is_some()))?;
     if let Some(total) = args.device_total {
         options.device_total = total;
     }

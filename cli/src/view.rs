@@ -29,8 +29,9 @@ pub struct ViewArgs {
     /// Screenshot size in points, WIDTHxHEIGHT.
     #[arg(long, default_value = "1400x900")]
     pub size: String,
-    /// Pixels per point of the screenshot.
-    #[arg(long, default_value_t = 1.0)]
+    /// Pixels per point of the screenshot, from 0.25 to 4 (the picture must also stay within
+    /// the 8192-pixel textures every wgpu device supports).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale)]
     pub scale: f32,
     /// What draws the window: auto (wgpu on a GPU; OpenGL where wgpu finds only a software
     /// rasterizer, which runs it several times faster), wgpu or glow.
@@ -59,9 +60,42 @@ fn parse_size(text: &str) -> anyhow::Result<egui::Vec2> {
     Ok(egui::vec2(w, h))
 }
 
+/// Smallest and largest `--scale`.
+const SCALES: std::ops::RangeInclusive<f32> = 0.25..=4.0;
+
+/// The side of the largest texture wgpu guarantees on every device (`max_texture_dimension_2d`
+/// of its default limits); a larger screenshot would make wgpu panic.
+const MAX_PIXELS_PER_SIDE: f32 = 8192.0;
+
+/// `--scale`: a finite number within [`SCALES`]; 0, negative, NaN and infinite values would
+/// reach wgpu as texture sizes it panics on.
+fn parse_scale(text: &str) -> Result<f32, String> {
+    let scale: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if !SCALES.contains(&scale) {
+        return Err(format!("{scale} is outside {}..={}", SCALES.start(), SCALES.end()));
+    }
+    Ok(scale)
+}
+
+/// The screenshot's size in pixels must fit a texture.
+fn check_pixels(size: egui::Vec2, scale: f32) -> anyhow::Result<()> {
+    let (w, h) = (size.x * scale, size.y * scale);
+    if w.ceil() > MAX_PIXELS_PER_SIDE || h.ceil() > MAX_PIXELS_PER_SIDE {
+        bail!(
+            "--size {}x{} at --scale {scale} is {w}x{h} pixels: at most {MAX_PIXELS_PER_SIDE} a side",
+            size.x,
+            size.y
+        );
+    }
+    Ok(())
+}
+
 /// Runs `cachalot view`.
 pub fn run(args: &ViewArgs) -> Outcome {
     let size = parse_size(&args.size).map_err(Failure::input)?;
+    if args.screenshot.is_some() {
+        check_pixels(size, args.scale).map_err(Failure::input)?;
+    }
     if let (true, Some(out)) = (args.bench, &args.bench_trace) {
         let bytes = generate_trace(args.bench_entries).map_err(|e| Failure::input(anyhow!(e)))?;
         std::fs::write(out, bytes).map_err(|e| Failure::input(anyhow!("{}: {e}", out.display())))?;
@@ -107,5 +141,21 @@ pub fn run(args: &ViewArgs) -> Outcome {
             app.view = view;
             run_window(app, args.renderer).map_err(|e| Failure::input(anyhow!("cannot open a window: {e}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_and_size_are_checked_before_wgpu() {
+        assert_eq!(parse_scale("2"), Ok(2.0));
+        for bad in ["0", "-1", "NaN", "inf", "6", "x"] {
+            assert!(parse_scale(bad).is_err(), "{bad}");
+        }
+        assert!(check_pixels(egui::vec2(1400.0, 900.0), 4.0).is_ok());
+        let err = check_pixels(egui::vec2(8000.0, 900.0), 2.0).unwrap_err();
+        assert!(err.to_string().contains("at most 8192"), "{err}");
     }
 }

@@ -10,7 +10,12 @@
 //! # Ok::<(), cachalot_core::ConfigError>(())
 //! ```
 
-use crate::size::{LARGE_BUFFER, MIB, MIN_LARGE_ALLOC, ROUNDUP_INTERVALS, RoundupDivisions};
+use crate::size::{LARGE_BUFFER, MAX_REQUEST, MIB, MIN_LARGE_ALLOC, ROUNDUP_INTERVALS, RoundupDivisions};
+
+/// Largest `large_segment_size_mb`: a segment of 1 EiB ([`MAX_REQUEST`]), the largest request
+/// PyTorch serves. Larger values would wrap when multiplied to bytes (2^44 MiB is 0 bytes in
+/// 64 bits), so they are refused rather than silently becoming a small segment size.
+pub const MAX_LARGE_SEGMENT_SIZE_MB: u64 = MAX_REQUEST / MIB;
 
 /// Largest value of `pinned_num_register_threads` PyTorch accepts.
 const MAX_PINNED_REGISTER_THREADS: u64 = 128;
@@ -198,10 +203,18 @@ impl AllocatorConfig {
 
     fn set_large_segment_size_mb(&mut self, mb: u64) -> Result<(), ConfigError> {
         let key = "large_segment_size_mb";
-        if mb.saturating_mul(MIB) <= MIN_LARGE_ALLOC {
+        if mb > MAX_LARGE_SEGMENT_SIZE_MB {
+            return Err(invalid(
+                key,
+                &mb.to_string(),
+                &format!("must be at most {MAX_LARGE_SEGMENT_SIZE_MB} (1 EiB, the largest request PyTorch serves)"),
+            ));
+        }
+        let bytes = mb * MIB; // cannot wrap: checked against MAX_LARGE_SEGMENT_SIZE_MB above
+        if bytes <= MIN_LARGE_ALLOC {
             return Err(invalid(key, &mb.to_string(), "must be greater than 10 (kMinLargeAlloc)"));
         }
-        self.large_segment_size = mb * MIB;
+        self.large_segment_size = bytes;
         self.max_non_split_rounding_size = self.large_segment_size;
         Ok(())
     }
@@ -651,12 +664,34 @@ mod tests {
             ("pinned_num_register_threads:256", "pinned_num_register_threads"),
             ("backend:magic", "backend"),
             ("large_segment_size_mb:10", "large_segment_size_mb"),
+            ("large_segment_size_mb:17592186044416", "large_segment_size_mb"),
+            ("large_segment_size_mb:17592186044417", "large_segment_size_mb"),
+            ("large_segment_size_mb:18446744073709551615", "large_segment_size_mb"),
+            ("max_split_size_mb:18446744073709551616", "max_split_size_mb"),
+            ("garbage_collection_threshold:NaN", "garbage_collection_threshold"),
+            ("per_process_memory_fraction:NaN", "per_process_memory_fraction"),
+            ("per_process_memory_fraction:-inf", "per_process_memory_fraction"),
+            ("roundup_power2_divisions:[18446744073709551616:4]", "roundup_power2_divisions"),
+            ("pinned_num_register_threads:0", "pinned_num_register_threads"),
         ] {
             let err = AllocatorConfig::parse(settings).unwrap_err();
             assert!(err.to_string().contains(key), "{settings}: {err}");
         }
         assert!(matches!(AllocatorConfig::parse("max_split_size_mb:").unwrap_err(), ConfigError::MissingValue { .. }));
         assert!(matches!(AllocatorConfig::parse("max_split_size_mb 64").unwrap_err(), ConfigError::Syntax { .. }));
+    }
+
+    /// Values that would wrap when turned into bytes are refused, never wrapped to a small size;
+    /// PyTorch's own clamp of the split limits to `SIZE_MAX` is kept.
+    #[test]
+    fn mib_values_never_wrap() {
+        let largest = AllocatorConfig::parse(&format!("large_segment_size_mb:{MAX_LARGE_SEGMENT_SIZE_MB}")).unwrap();
+        assert_eq!(largest.large_segment_size(), MAX_REQUEST);
+        let err = AllocatorConfig::parse("large_segment_size_mb:17592186044417").unwrap_err();
+        assert!(err.to_string().contains("at most 1099511627776"), "{err}");
+        let c = AllocatorConfig::parse("max_split_size_mb:18446744073709551615").unwrap();
+        assert_eq!(c.max_split_size(), Some(u64::MAX / MIB * MIB));
+        assert!(AllocatorConfig::builder().large_segment_size_mb(u64::MAX).build().is_err());
     }
 
     #[test]

@@ -117,7 +117,12 @@ fn size_class(size: u64) -> usize {
 #[derive(Clone, Debug)]
 struct StreamClasses {
     stream: StreamId,
-    lists: Box<[List]>,
+    /// Blocks in the lists; the entry is released when this drops to 0.
+    filed: usize,
+    /// The lists of each group of 64 classes, allocated when a block is first filed in the
+    /// group (a group's lists take about 8 KB, all 3,200 classes' about 400 KB): a stream
+    /// holding a few free blocks pays for the groups their sizes fall in.
+    lists: [Option<Box<[List; 64]>>; GROUPS],
     /// Bit `g` set when `bits[g]` is non-zero.
     groups: u64,
     /// Bit `c % 64` of `bits[c / 64]` set when class `c` is non-empty.
@@ -126,7 +131,20 @@ struct StreamClasses {
 
 impl StreamClasses {
     fn new(stream: StreamId) -> Self {
-        StreamClasses { stream, lists: vec![List::default(); CLASSES].into_boxed_slice(), groups: 0, bits: [0; GROUPS] }
+        StreamClasses { stream, filed: 0, lists: [const { None }; GROUPS], groups: 0, bits: [0; GROUPS] }
+    }
+
+    /// The list of class `class`, if its group has lists.
+    #[inline]
+    fn list(&self, class: usize) -> Option<&List> {
+        self.lists[class / 64].as_ref().map(|group| &group[class % 64])
+    }
+
+    /// The list of class `class`, allocating its group's lists on first use.
+    #[inline]
+    fn list_mut(&mut self, class: usize) -> &mut List {
+        let group = self.lists[class / 64].get_or_insert_with(|| Box::new(std::array::from_fn(|_| List::default())));
+        &mut group[class % 64]
     }
 
     /// Marks class `class` non-empty (after an insert).
@@ -140,7 +158,7 @@ impl StreamClasses {
     /// Clears class `class`'s bits if its list is now empty (after a removal).
     #[inline]
     fn mark_if_emptied(&mut self, class: usize) {
-        if self.lists[class].is_empty() {
+        if self.list(class).is_none_or(List::is_empty) {
             let g = class / 64;
             self.bits[g] &= !(1 << (class % 64));
             if self.bits[g] == 0 {
@@ -194,15 +212,23 @@ impl StreamClasses {
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
 pub(crate) struct FreeIndex {
-    /// Sorted by stream. Entries stay once created, so later inserts on a stream allocate
-    /// nothing.
+    /// Sorted by stream; only streams with filed blocks have an entry. An entry's class lists
+    /// take about 300 KB, so an entry whose last block leaves is released: a stream that holds
+    /// no free block of this pool costs nothing, however many streams a trace names.
     streams: Vec<StreamClasses>,
+    /// Emptied entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
+    /// that a stream whose free set empties and fills again allocates nothing.
+    spare: Vec<StreamClasses>,
     /// The chunks of every class's list.
     arena: Arena,
     /// Blocks in the class lists (the recent block not counted).
     listed: usize,
     recent: Recent,
 }
+
+/// Emptied per-stream entries a [`FreeIndex`] keeps for reuse: a bounded cache (about 1 MB),
+/// enough for a few streams whose free sets empty and fill again in turn.
+const SPARE_STREAMS: usize = 4;
 
 /// The block inserted last, not in any class list; `id` is [`NIL`] when there is none. Its
 /// stream and key are kept here, so that filing it later and comparing against it read no
@@ -218,6 +244,7 @@ impl Default for FreeIndex {
     fn default() -> Self {
         FreeIndex {
             streams: Vec::new(),
+            spare: Vec::new(),
             arena: Arena::default(),
             listed: 0,
             recent: Recent { id: NIL, stream: StreamId::DEFAULT, key: (0, 0) },
@@ -258,29 +285,48 @@ impl FreeIndex {
             Some(i) => i,
             None => {
                 let at = self.streams.partition_point(|s| s.stream < block.stream);
-                self.streams.insert(at, StreamClasses::new(block.stream));
+                let classes = match self.spare.pop() {
+                    Some(mut spare) => {
+                        spare.stream = block.stream;
+                        spare
+                    }
+                    None => StreamClasses::new(block.stream),
+                };
+                self.streams.insert(at, classes);
                 at
             }
         };
         let classes = &mut self.streams[index];
         let class = size_class(block.key.0);
-        classes.lists[class].insert(&mut self.arena, block.key, block.id);
+        classes.list_mut(class).insert(&mut self.arena, block.key, block.id);
         classes.mark_filled(class);
+        classes.filed += 1;
         self.listed += 1;
     }
 
     /// Takes a block out of its class list.
     fn unfile(&mut self, blocks: &Blocks, id: u32) {
         let b = &blocks[id];
-        let Some(classes) = self.streams.iter_mut().find(|s| s.stream == b.stream) else {
+        let Some(index) = self.streams.iter().position(|s| s.stream == b.stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };
+        let classes = &mut self.streams[index];
         let class = size_class(b.size);
-        let found = classes.lists[class].remove(&mut self.arena, BySize::key(b));
+        let found = classes.lists[class / 64]
+            .as_mut()
+            .is_some_and(|group| group[class % 64].remove(&mut self.arena, BySize::key(b)));
         debug_assert!(found, "block {id} not in its set");
         classes.mark_if_emptied(class);
+        classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
+        if classes.filed == 0 {
+            // Every list is empty and every bit clear: the entry can serve any stream later.
+            let emptied = self.streams.remove(index);
+            if self.spare.len() < SPARE_STREAMS {
+                self.spare.push(emptied);
+            }
+        }
     }
 
     /// The recent block if it is in `stream` and `qualifies` by its key, and comes before the
@@ -307,7 +353,7 @@ impl FreeIndex {
 
     /// The first block of the first non-empty class after `class`, with its packed key.
     fn first_after_class(&self, classes: &StreamClasses, class: usize) -> Option<(u128, u32)> {
-        classes.first_from(class + 1).and_then(|c| classes.lists[c].first(&self.arena))
+        classes.first_from(class + 1).and_then(|c| classes.list(c)?.first(&self.arena))
     }
 
     /// The smallest block of `stream` with at least `size` bytes (lowest address among equals):
@@ -322,16 +368,17 @@ impl FreeIndex {
     fn listed_lower_bound(&self, stream: StreamId, size: u64) -> Option<(u128, u32)> {
         let classes = self.stream(stream)?;
         let class = size_class(size);
-        let list = &classes.lists[class];
         // Block sizes are multiples of 512 bytes, so a linear class holds blocks of its one
         // size: its first block is the answer, found without a search.
-        let found = if size < LINEAR_LIMIT && size.is_multiple_of(512) {
-            let first = list.first(&self.arena);
-            debug_assert_eq!(first, list.first_from(&self.arena, (size, 0), false), "a linear class mixes sizes");
-            first
-        } else {
-            list.first_from(&self.arena, (size, 0), false)
-        };
+        let found = classes.list(class).and_then(|list| {
+            if size < LINEAR_LIMIT && size.is_multiple_of(512) {
+                let first = list.first(&self.arena);
+                debug_assert_eq!(first, list.first_from(&self.arena, (size, 0), false), "a linear class mixes sizes");
+                first
+            } else {
+                list.first_from(&self.arena, (size, 0), false)
+            }
+        });
         found.or_else(|| self.first_after_class(classes, class))
     }
 
@@ -340,8 +387,10 @@ impl FreeIndex {
         let (stream, key) = (blocks[id].stream, BySize::key(&blocks[id]));
         let listed = self.stream(stream).and_then(|classes| {
             let class = size_class(key.0);
-            let list = &classes.lists[class];
-            list.first_from(&self.arena, key, true).or_else(|| self.first_after_class(classes, class))
+            classes
+                .list(class)
+                .and_then(|list| list.first_from(&self.arena, key, true))
+                .or_else(|| self.first_after_class(classes, class))
         });
         self.weigh_recent(stream, listed, |k| k > key, false)
     }
@@ -359,9 +408,10 @@ impl FreeIndex {
     fn last_below_key(&self, stream: StreamId, key: Key) -> Option<u32> {
         let listed = self.stream(stream).and_then(|classes| {
             let class = size_class(key.0);
-            classes.lists[class]
-                .last_before(&self.arena, key)
-                .or_else(|| classes.last_before(class).and_then(|c| classes.lists[c].last(&self.arena)))
+            classes
+                .list(class)
+                .and_then(|list| list.last_before(&self.arena, key))
+                .or_else(|| classes.last_before(class).and_then(|c| classes.list(c)?.last(&self.arena)))
         });
         self.weigh_recent(stream, listed, |k| k < key, true)
     }
@@ -373,7 +423,9 @@ impl FreeIndex {
         for classes in &self.streams {
             let mut class = classes.first_from(0);
             while let Some(c) = class {
-                classes.lists[c].extend_into(&self.arena, &mut class_entries);
+                if let Some(list) = classes.list(c) {
+                    list.extend_into(&self.arena, &mut class_entries);
+                }
                 class = classes.first_from(c + 1);
             }
             entries.extend(class_entries.drain(..).map(|(key, id)| ((classes.stream, key), id)));
@@ -392,15 +444,18 @@ impl FreeIndex {
             if i > 0 && self.streams[i - 1].stream >= classes.stream {
                 return Err("free index streams out of order".into());
             }
+            if classes.filed == 0 {
+                return Err(format!("stream {} keeps an empty entry", classes.stream.0));
+            }
+            let before = total;
             // Only the classes the bitmap marks are visited: a non-empty list the bitmap misses
             // leaves its members uncounted, which the total below catches.
             let mut class = classes.first_from(0);
             while let Some(c) = class {
                 class = classes.first_from(c + 1);
-                let list = &classes.lists[c];
-                if list.is_empty() {
+                let Some(list) = classes.list(c).filter(|list| !list.is_empty()) else {
                     return Err(format!("size class {c} is marked but empty"));
-                }
+                };
                 let n = list.check(&self.arena)?;
                 let mut members = Vec::new();
                 list.extend_into(&self.arena, &mut members);
@@ -422,6 +477,19 @@ impl FreeIndex {
                 if (classes.groups >> g & 1 == 1) != (classes.bits[g] != 0) {
                     return Err(format!("size class group {g} bitmap disagrees"));
                 }
+            }
+            if total - before != classes.filed {
+                return Err(format!(
+                    "stream {} lists {} blocks but counts {}",
+                    classes.stream.0,
+                    total - before,
+                    classes.filed
+                ));
+            }
+        }
+        for spare in &self.spare {
+            if spare.filed != 0 || spare.groups != 0 {
+                return Err("a spare free-index entry is not empty".into());
             }
         }
         if total != self.listed {
@@ -767,6 +835,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A stream whose free blocks are all taken keeps no entry: 10,000 streams that each held
+    /// free blocks once leave the index as small as one stream does, and an emptied entry
+    /// waits for reuse.
+    #[test]
+    fn idle_streams_cost_nothing() {
+        let mut blocks = Blocks::default();
+        let mut index = FreeIndex::default();
+        for stream in 0..10_000u64 {
+            // Two blocks, so that one is filed in the lists beside the recent one.
+            let first = add(&mut blocks, stream, 1 << 20, stream * 8192);
+            let second = add(&mut blocks, stream, 2 << 20, stream * 8192 + 4096);
+            index.insert(&blocks, first);
+            index.insert(&blocks, second);
+            // Only the group of the filed block's size class has lists.
+            let classes = index.stream(StreamId(stream)).unwrap();
+            assert_eq!(classes.lists.iter().flatten().count(), 1);
+            index.remove(&blocks, first);
+            index.remove(&blocks, second);
+            blocks.remove(first);
+            blocks.remove(second);
+        }
+        index.check(&blocks).unwrap();
+        assert!(index.streams.is_empty());
+        // The streams came one after another, so one entry served them all.
+        assert_eq!(index.spare.len(), 1);
+        // An emptied entry serves the next stream with its lists cleared.
+        let id = add(&mut blocks, 77, 4096, 0);
+        let other = add(&mut blocks, 77, 8192, 8192);
+        index.insert(&blocks, id);
+        index.insert(&blocks, other);
+        index.check(&blocks).unwrap();
+        assert_eq!(index.lower_bound(StreamId(77), 1), Some(id));
+        assert!(index.spare.is_empty());
     }
 
     #[test]

@@ -1,21 +1,25 @@
 //! Op files: the common input of every allocator benchmark (`shared/bench/make_ops.py`).
 //!
 //! One op per line: `a ID SIZE [STREAM]` allocates SIZE bytes as handle ID, `f ID` frees it;
-//! `#` starts a comment. IDs are dense and not reused while live. [`timing`] times replays of
-//! them the way PyTorch's reference harness does.
+//! `#` starts a comment. IDs are any numbers below 2^32, not reused while live; the parser
+//! renumbers them densely (a handle's slot is reused once it is freed), so the memory a replay
+//! needs for its handles is set by the most allocations live at once, not by the largest id
+//! written in the file. [`timing`] times replays of them the way PyTorch's reference harness
+//! does.
 
 pub mod timing;
 
 use cachalot_core::backend::{Backend, StreamId};
 use cachalot_core::error::AllocatorError;
 use cachalot_core::{Allocation, CachingAllocator};
+use rustc_hash::FxHashMap;
 
 /// One operation of an op file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// Allocate `size` bytes on `stream` as handle `id`.
     Alloc {
-        /// Handle.
+        /// Handle slot: the file's id renumbered densely, below [`OpFile::handles`].
         id: u32,
         /// Bytes.
         size: u64,
@@ -24,7 +28,7 @@ pub enum Op {
     },
     /// Free handle `id`.
     Free {
-        /// Handle.
+        /// Handle slot, as in [`Op::Alloc`].
         id: u32,
     },
 }
@@ -54,7 +58,7 @@ pub enum Op {
 pub struct OpFile {
     /// The operations in order.
     pub ops: Vec<Op>,
-    /// One more than the largest handle id.
+    /// Handle slots a replay needs: the most allocations live at once.
     pub handles: usize,
 }
 
@@ -72,7 +76,9 @@ impl OpFile {
     /// Parses op-file text.
     pub fn parse(text: &str) -> Result<Self, OpFileError> {
         let mut file = OpFile::default();
-        let mut live: Vec<bool> = Vec::new();
+        // The file's live ids and their slots; freed slots are handed out again.
+        let mut live: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut vacant: Vec<u32> = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let error = |message: String| OpFileError { line: n + 1, message };
             let line = line.trim();
@@ -105,27 +111,25 @@ impl OpFile {
             if fields.next().is_some() {
                 return Err(error("too many fields".into()));
             }
-            match op {
-                Op::Alloc { id, .. } => {
-                    let slot = id as usize;
-                    if slot >= live.len() {
-                        live.resize(slot + 1, false);
-                    }
-                    if live[slot] {
+            let op = match op {
+                Op::Alloc { id, size, stream } => {
+                    let std::collections::hash_map::Entry::Vacant(entry) = live.entry(id) else {
                         return Err(error(format!("id {id} is allocated again while live")));
-                    }
-                    live[slot] = true;
+                    };
+                    // At most one slot per op line, so the count fits the ids' u32.
+                    let slot = vacant.pop().unwrap_or(file.handles as u32);
+                    file.handles = file.handles.max(slot as usize + 1);
+                    entry.insert(slot);
+                    Op::Alloc { id: slot, size, stream }
                 }
                 Op::Free { id } => {
-                    if !live.get(id as usize).copied().unwrap_or(false) {
-                        return Err(error(format!("free of id {id}, which is not live")));
-                    }
-                    live[id as usize] = false;
+                    let slot = live.remove(&id).ok_or_else(|| error(format!("free of id {id}, which is not live")))?;
+                    vacant.push(slot);
+                    Op::Free { id: slot }
                 }
-            }
+            };
             file.ops.push(op);
         }
-        file.handles = live.len();
         Ok(file)
     }
 
@@ -179,6 +183,16 @@ mod tests {
         assert_eq!(f.ops.len(), 4);
         assert_eq!(f.ops[1], Op::Alloc { id: 1, size: 512, stream: StreamId(7) });
         assert_eq!(f.handles, 2);
+    }
+
+    /// Ids are renumbered densely: a huge id costs one slot, and freed slots are reused.
+    #[test]
+    fn ids_are_renumbered_densely() {
+        let f = OpFile::parse("a 4294967295 512\na 7 512\nf 4294967295\na 9 1024\n").unwrap();
+        assert_eq!(f.handles, 2);
+        assert_eq!(f.ops[0], Op::Alloc { id: 0, size: 512, stream: StreamId(0) });
+        assert_eq!(f.ops[2], Op::Free { id: 0 });
+        assert_eq!(f.ops[3], Op::Alloc { id: 0, size: 1024, stream: StreamId(0) });
     }
 
     #[test]

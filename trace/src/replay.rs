@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 
 use crate::snapshot::torch::TorchSnapshot;
+use cachalot_core::backend::Backend;
 use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
-use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, SMALL_SIZE};
+use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, SMALL_SIZE, allocation_size, round_size};
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{TraceAction, TraceEntry};
 use cachalot_core::{Allocation, CachingAllocator, OomObserver};
@@ -240,8 +241,13 @@ impl ExpectedRun {
                 Some(serde_json::Value::String(s)) => s.clone(),
                 Some(other) => return Err(format!("PYTORCH_CUDA_ALLOC_CONF: expected a string, found {other}")),
             },
-            memory_fraction: number("memory_fraction")?,
-            device_total: number("device_total_bytes")?.map(|t| t as u64),
+            memory_fraction: number("memory_fraction")?
+                .map(|f| match (0.0..=1.0).contains(&f) {
+                    true => Ok(f),
+                    false => Err(format!("memory_fraction: {f} is not within [0, 1]")),
+                })
+                .transpose()?,
+            device_total: number("device_total_bytes")?.map(device_total_bytes).transpose()?,
             ..ExpectedRun::default()
         };
         if let Some(stats) = object.get("memory_stats") {
@@ -282,6 +288,18 @@ impl ExpectedRun {
             run.calls = Some(parsed);
         }
         Ok(run)
+    }
+}
+
+/// `device_total_bytes` of an `expected.json`: a whole number of bytes from 1 to 1 EiB. A
+/// negative, fractional, NaN or larger value is an error instead of a cast that would make it 0
+/// or saturate.
+fn device_total_bytes(total: f64) -> Result<u64, String> {
+    // MAX_REQUEST is a power of two, exactly representable as f64.
+    if total.is_finite() && total >= 1.0 && total <= MAX_REQUEST as f64 && total.fract() == 0.0 {
+        Ok(total as u64)
+    } else {
+        Err(format!("device_total_bytes: {total} is not a whole number of bytes from 1 to 1 EiB ({MAX_REQUEST})"))
     }
 }
 
@@ -339,6 +357,10 @@ pub fn replay_observed(
     let mut ooms = Vec::new();
     let mut divergences = Vec::new();
     let mut empty_cache_points = Vec::new();
+    // Whether an allocation failed where PyTorch's succeeded: its free is then skipped.
+    let mut alloc_failed = false;
+    // The first index after the current run of deferred completions (see FreeCompleted).
+    let mut completions_end = 0;
     let mut i = 0;
     while i < trace.len() {
         if i % 65_536 == 0 {
@@ -363,6 +385,7 @@ pub fn replay_observed(
                     if let AllocatorError::OutOfMemory(oom) = &error {
                         ooms.push(ReplayOom { index: i, message: oom.message.clone(), recorded: false });
                     }
+                    alloc_failed = true;
                     divergences.push(Divergence {
                         index: i,
                         message: format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size),
@@ -371,7 +394,7 @@ pub fn replay_observed(
             },
             TraceAction::FreeRequested => {
                 let Some(allocation) = live.remove(&e.addr) else {
-                    if divergences.iter().any(|d| d.message.contains("failed where")) {
+                    if alloc_failed {
                         i += 1;
                         continue; // its alloc already diverged
                     }
@@ -400,8 +423,14 @@ pub fn replay_observed(
                         i += 1;
                         continue; // the program's empty_cache calls are known
                     }
-                    let after = (i + 1..trace.len())
-                        .find(|&n| !(trace[n].action == TraceAction::FreeCompleted && completions.contains_key(&n)));
+                    // The end of this run of deferred completions, found once per run rather
+                    // than once per completion (which was quadratic in the run's length).
+                    if completions_end <= i {
+                        completions_end = (i + 1..trace.len())
+                            .find(|&n| !(trace[n].action == TraceAction::FreeCompleted && completions.contains_key(&n)))
+                            .unwrap_or(trace.len());
+                    }
+                    let after = (completions_end < trace.len()).then_some(completions_end);
                     if after.is_none_or(|n| !ends_sync_run(trace[n].action)) {
                         let last = trace[i..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
                         for j in i..i + last {
@@ -601,6 +630,12 @@ fn released_by_next_malloc(
             if !matches!(request.action, TraceAction::Alloc) {
                 return false;
             }
+            if new_segment_fits(allocator, request.size) {
+                // The malloc's first device allocation succeeds, so it releases nothing: no
+                // copy of the allocator is needed to see that (a copy per release run made
+                // replay quadratic in the trace's length on traces that churn segments).
+                return false;
+            }
             let mut probe = allocator.clone();
             probe.detach_oom_observers();
             probe.record_history(false, 1, &[], true);
@@ -609,6 +644,22 @@ fn released_by_next_malloc(
         }
         _ => false,
     }
+}
+
+/// Whether a malloc of `size` bytes that finds no cached block gets a new segment from the
+/// device at the first try: no memory fraction, no garbage collection and no expandable
+/// segments (each of which has paths of its own before or instead of the device call), and
+/// the simulated device has room for the segment. Such a malloc releases no cached segment.
+fn new_segment_fits(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool {
+    let config = allocator.config();
+    if allocator.memory_fraction() < 1.0 || config.garbage_collection_threshold() > 0.0 || config.expandable_segments()
+    {
+        return false;
+    }
+    let rounded = round_size(size, config.roundup_power2_divisions());
+    let segment = allocation_size(rounded, config.large_segment_size());
+    let sim = allocator.backend();
+    sim.device().total_memory.saturating_sub(sim.used()) >= segment
 }
 
 /// The addresses the recording's device gave new segments and new VA reservations, in order.
@@ -635,7 +686,7 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
                 let owner = reservations
                     .range(..=e.addr)
                     .next_back()
-                    .filter(|(b, (_, extent))| e.addr < *b + extent)
+                    .filter(|(b, (_, extent))| e.addr < b.saturating_add(*extent))
                     .map(|(b, _)| *b);
                 let base = owner.unwrap_or_else(|| {
                     bases.push(e.addr);
@@ -646,7 +697,7 @@ fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>
                     e.addr
                 });
                 if let Some((mapped, _)) = reservations.get_mut(&base) {
-                    *mapped += e.size;
+                    *mapped = mapped.saturating_add(e.size);
                 }
             }
             TraceAction::SegmentUnmap => {
@@ -871,4 +922,28 @@ fn verify_expected_run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `device_total_bytes` and `memory_fraction` out of range are errors naming the field,
+    /// where a cast once made -1 and NaN a device of 0 bytes.
+    #[test]
+    fn expected_values_out_of_range_are_named() {
+        for (json, field) in [
+            (r#"{"device_total_bytes": -1}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": "NaN"}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": 1.5}"#, "device_total_bytes"),
+            (r#"{"device_total_bytes": 1e30}"#, "device_total_bytes"),
+            (r#"{"memory_fraction": 7}"#, "memory_fraction"),
+            (r#"{"memory_fraction": "NaN"}"#, "memory_fraction"),
+        ] {
+            let err = ExpectedRun::from_json(json.as_bytes()).unwrap_err();
+            assert!(err.starts_with(field), "{json}: {err}");
+        }
+        let run = ExpectedRun::from_json(br#"{"device_total_bytes": 150754820096, "memory_fraction": 0.5}"#).unwrap();
+        assert_eq!((run.device_total, run.memory_fraction), (Some(150_754_820_096), Some(0.5)));
+    }
 }

@@ -108,8 +108,16 @@ pub struct HostSim {
     facts: DeviceFacts,
     /// Host memory by start address: segments, or the pages of expandable segments.
     memory: BTreeMap<u64, Vec<u32>>,
+    /// Bytes of host memory backing `memory`.
+    backed: u64,
     compute: bool,
 }
+
+/// The most host memory a computing simulator backs its device memory with. Above it a
+/// segment is refused as the device's out-of-memory, which the allocator answers as PyTorch
+/// does (free the cache, retry, then raise its OOM), instead of the host aborting: an op file
+/// asking for 100 GiB must not take 100 GiB of the machine that replays it.
+pub const MAX_HOST_BACKING: u64 = 16 << 30;
 
 impl HostSim {
     /// A simulated device as `profile` describes.
@@ -122,7 +130,7 @@ impl HostSim {
             ("profile".into(), profile.name.clone()),
             ("kernels".into(), if compute { "CPU reference (cachalot-shaders)" } else { "skipped" }.into()),
         ];
-        HostSim { sim, facts, memory: BTreeMap::new(), compute }
+        HostSim { sim, facts, memory: BTreeMap::new(), backed: 0, compute }
     }
 
     /// Whether kernels compute.
@@ -173,16 +181,37 @@ impl HostSim {
         }
     }
 
-    fn back(&mut self, start: u64, bytes: u64) {
-        if self.compute {
-            self.memory.insert(start, vec![0u32; (bytes / 4) as usize]);
+    /// Backs `bytes` from `start` with zeroed host memory; refused as the device's OOM when
+    /// that would pass [`MAX_HOST_BACKING`] or the host cannot give the memory.
+    fn back(&mut self, start: u64, bytes: u64) -> Result<(), BackendError> {
+        if !self.compute {
+            return Ok(());
         }
+        let refuse = |why: String| BackendError::OutOfMemory { limit: Some(why) };
+        if self.backed.saturating_add(bytes) > MAX_HOST_BACKING {
+            return Err(refuse(format!(
+                "host memory: the simulator computes on host memory, and {bytes} more bytes would pass its \
+                 limit of {MAX_HOST_BACKING} bytes ({} backed)",
+                self.backed
+            )));
+        }
+        let words = usize::try_from(bytes / 4).map_err(|_| refuse(format!("host memory: {bytes} bytes")))?;
+        let mut chunk = Vec::new();
+        chunk
+            .try_reserve_exact(words)
+            .map_err(|e| refuse(format!("host memory: {bytes} bytes could not be allocated ({e})")))?;
+        chunk.resize(words, 0u32);
+        self.memory.insert(start, chunk);
+        self.backed += bytes;
+        Ok(())
     }
 
     fn unback(&mut self, start: u64, bytes: u64) {
-        let keys: Vec<u64> = self.memory.range(start..start + bytes).map(|(&k, _)| k).collect();
+        let keys: Vec<u64> = self.memory.range(start..start.saturating_add(bytes)).map(|(&k, _)| k).collect();
         for k in keys {
-            self.memory.remove(&k);
+            if let Some(chunk) = self.memory.remove(&k) {
+                self.backed -= chunk.len() as u64 * 4;
+            }
         }
     }
 }
@@ -208,7 +237,10 @@ impl Backend for HostSim {
             });
         }
         let address = self.sim.allocate_segment(size, stream)?;
-        self.back(address, size);
+        if let Err(oom) = self.back(address, size) {
+            self.sim.free_segment(address, size)?;
+            return Err(oom);
+        }
         Ok(address)
     }
 
@@ -228,7 +260,10 @@ impl Backend for HostSim {
 
     fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
         self.sim.map_pages(base, offset, size)?;
-        self.back(base + offset, size);
+        if let Err(oom) = self.back(base + offset, size) {
+            self.sim.unmap_pages(base, offset, size, StreamId::DEFAULT)?;
+            return Err(oom);
+        }
         Ok(())
     }
 
@@ -545,5 +580,27 @@ impl DeviceKernels for SimDevice {
         self.put(param, &p, "param")?;
         self.put(exp_avg, &m, "exp_avg")?;
         self.put(exp_avg_sq, &v, "exp_avg_sq")
+    }
+}
+
+#[cfg(test)]
+mod host_backing_tests {
+    use super::*;
+    use cachalot_core::error::AllocatorError;
+
+    /// 100 GiB fits the simulated H200 but not the host budget: PyTorch's OOM, not an abort,
+    /// and the allocator is left as it was.
+    #[test]
+    fn a_segment_beyond_the_host_budget_is_pytorchs_oom() {
+        let mut allocator =
+            CachingAllocator::new(HostSim::new(&SimProfile::cuda_sm90(), true), Default::default()).expect("simulator");
+        let small = allocator.malloc(1 << 20, StreamId::DEFAULT).expect("1 MiB");
+        let error = allocator.malloc(100 << 30, StreamId::DEFAULT).expect_err("100 GiB");
+        let AllocatorError::OutOfMemory(oom) = &error else { panic!("{error}") };
+        assert!(oom.message.contains("CUDA out of memory"), "{}", oom.message);
+        assert!(error.to_string().contains("host memory"), "{error}");
+        allocator.free(small).expect("free");
+        allocator.check_consistency().expect("consistent after the OOM");
+        assert_eq!(allocator.backend().backed, 2 << 20, "only the small segment is backed");
     }
 }

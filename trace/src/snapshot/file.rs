@@ -20,8 +20,9 @@
 //! | `trace_complete` | bool | whether the trace starts from an empty allocator (else earlier entries were dropped) |
 
 use cachalot_core::backend::DeviceFacts;
+use cachalot_core::size::MAX_REQUEST;
 use cachalot_core::stats::MemoryStats;
-use cachalot_core::trace::{Annotation, ContextTable, Frame, Mark, TraceEntry};
+use cachalot_core::trace::{Annotation, ContextTable, Frame, Mark, TraceAction, TraceEntry};
 use cachalot_core::{Allocator, SegmentSnapshot};
 
 /// Value of the `format` field.
@@ -85,6 +86,10 @@ pub enum SnapshotFileError {
     /// A newer schema.
     #[error("snapshot version {0} is newer than this cachalot understands ({VERSION})")]
     Version(u32),
+    /// A value no device or allocator produces, named by its place in the file: sums over it
+    /// (the viewer's, the replay's) would wrap.
+    #[error("{0}")]
+    Value(String),
 }
 
 impl Snapshot {
@@ -146,7 +151,38 @@ impl Snapshot {
         if let Some(v) = header.version.filter(|&v| v > VERSION) {
             return Err(SnapshotFileError::Version(v));
         }
-        Ok(serde_json::from_slice(bytes)?)
+        let snapshot: Snapshot = serde_json::from_slice(bytes)?;
+        snapshot.check_values().map_err(SnapshotFileError::Value)?;
+        Ok(snapshot)
+    }
+
+    /// The range checks of [`Snapshot::from_json`]: the device's memory is at most 1 EiB (the
+    /// largest request PyTorch serves, [`MAX_REQUEST`]), and no segment, block or trace entry
+    /// is larger or reaches past the end of the 64-bit address space.
+    fn check_values(&self) -> Result<(), String> {
+        let range = |place: String, address: u64, size: u64| -> Result<(), String> {
+            if size > MAX_REQUEST || address.checked_add(size).is_none() {
+                return Err(format!("{place}: {size} bytes at {address:#x} is not a range of device memory"));
+            }
+            Ok(())
+        };
+        if self.device.total_memory > MAX_REQUEST {
+            return Err(format!(
+                "device.total_memory: {} bytes is more than any device has (at most 1 EiB = {MAX_REQUEST})",
+                self.device.total_memory
+            ));
+        }
+        for (i, segment) in self.segments.iter().enumerate() {
+            range(format!("segments[{i}]"), segment.address, segment.total_size)?;
+            for (j, block) in segment.blocks.iter().enumerate() {
+                range(format!("segments[{i}].blocks[{j}]"), block.address, block.size)?;
+            }
+        }
+        for (i, entry) in self.trace.iter().enumerate() {
+            // An `oom` entry keeps the device's free bytes where the others keep an address.
+            range(format!("trace[{i}]"), if entry.action == TraceAction::Oom { 0 } else { entry.addr }, entry.size)?;
+        }
+        Ok(())
     }
 }
 
@@ -183,5 +219,27 @@ mod tests {
         let err = Snapshot::from_json(b"{\"format\":\"cachalot-snapshot\",\"version\":1,\"source\":3}").unwrap_err();
         assert!(err.to_string().contains("line 1"), "{err}");
         assert!(Snapshot::from_json(b"{\"format\": \"cachalot-snap").is_err());
+    }
+
+    /// Values that would wrap the viewer's and the replay's sums are refused, naming the place.
+    #[test]
+    fn values_out_of_range_are_named() {
+        let mut a = CachingAllocator::new(SimBackend::new(1 << 30), AllocatorConfig::default()).unwrap();
+        a.record_history(true, usize::MAX, &[], false);
+        let x = a.malloc(3 << 20, StreamId::DEFAULT).unwrap();
+        a.free(x).unwrap();
+        let good = Snapshot::capture(&a, "test");
+        let mut huge = good.clone();
+        huge.device.total_memory = u64::MAX;
+        let err = Snapshot::from_json(&huge.to_json()).unwrap_err();
+        assert!(err.to_string().contains("device.total_memory"), "{err}");
+        let mut wrapping = good.clone();
+        wrapping.trace[1].addr = u64::MAX - 10;
+        let err = Snapshot::from_json(&wrapping.to_json()).unwrap_err();
+        assert!(err.to_string().starts_with("trace[1]:"), "{err}");
+        let mut segment = good;
+        segment.segments[0].total_size = u64::MAX;
+        let err = Snapshot::from_json(&segment.to_json()).unwrap_err();
+        assert!(err.to_string().starts_with("segments[0]:"), "{err}");
     }
 }
