@@ -326,7 +326,7 @@ impl<'a> KernelBatch<'a> {
             let len = chunk.min(n - start);
             let mut bindings: Vec<Binding> = full.iter().map(|b| b.slice(start * 4, len * 4)).collect();
             bindings.extend(fixed.iter().cloned());
-            pad_bindings(&mut bindings, storage);
+            pad_bindings(&mut bindings, storage, self.context());
             let params = Params { n: len as u32, base: start as u32, ..params };
             self.dispatch(kernel.clone(), bindings, bytemuck::bytes_of(&params), len.div_ceil(wgsl::WORKGROUP as u64))?;
             start += len;
@@ -346,8 +346,8 @@ impl<'a> KernelBatch<'a> {
         let mut bindings = vec![self.whole("a", a, ea * 4)?, self.whole("b", b, eb * 4)?, self.whole("c", c, ec * 4)?];
         match bias {
             Some(bias) => bindings.push(self.whole("bias", bias, shape.n as u64 * 4)?),
-            // Never read: any valid range will do.
-            None => bindings.push(bindings[2].clone()),
+            // Never read: a range of its own, as WebGPU wants (see `pad_bindings`).
+            None => pad_bindings(&mut bindings, 4, self.context()),
         }
         let MatmulShape { m, n, k, trans_a, trans_b } = shape;
         // vec4 loads need every operand's contiguous axis to hold whole vec4s.
@@ -463,7 +463,7 @@ impl<'a> KernelBatch<'a> {
         let f0 = [if accumulate { 1.0 } else { 0.0 }, 0.0, 0.0, 0.0];
         let params = Params { rows, cols, f0, ..Params::default() };
         let mut bindings = vec![x, out];
-        pad_bindings(&mut bindings, 3);
+        pad_bindings(&mut bindings, 3, self.context());
         self.dispatch(kernel, bindings, bytemuck::bytes_of(&params), (cols as u64).div_ceil(wgsl::WORKGROUP as u64))
     }
 
@@ -758,10 +758,15 @@ fn encode(context: &WgpuContext, ops: Vec<Op>) -> Result<wgpu::CommandBuffer, Ke
 }
 
 /// Repeats the first binding into unused slots (never read; any valid range will do).
-fn pad_bindings(bindings: &mut Vec<Binding>, storage: usize) {
+/// Fills the storage bindings a kernel declares but this call does not use with disjoint
+/// ranges of the context's spare buffer: WebGPU refuses two writable bindings that overlap, so
+/// a padding binding may not repeat an operand or another padding binding.
+fn pad_bindings(bindings: &mut Vec<Binding>, storage: usize, context: &WgpuContext) {
+    let mut slot = 0;
     while bindings.len() < storage {
-        let first = bindings[0].clone();
-        bindings.push(first);
+        let (buffer, offset, size) = context.unused_binding(slot);
+        bindings.push(Binding { buffer, offset, size });
+        slot += 1;
     }
 }
 
