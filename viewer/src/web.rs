@@ -99,6 +99,14 @@ impl WebHandle {
         self.runner.app_mut::<WebApp>().map(|app| app.runs.status_json()).unwrap_or_else(|| "null".into())
     }
 
+    /// Opens a file of the page's server, as `?open=` does (the benchmark times it).
+    #[wasm_bindgen]
+    pub fn open_url(&self, url: String) -> Result<(), JsValue> {
+        let app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        app.viewer.fetch(url, app.ctx.clone());
+        Ok(())
+    }
+
     /// The finished WebGPU run's snapshot as cachalot's JSON (what "Download snapshot"
     /// saves), or `null` while none has finished.
     #[wasm_bindgen]
