@@ -4,6 +4,7 @@
 //! viewer, [`crate::web_run`]'s window runs the experiments of `cachalot run` on the
 //! visitor's GPU through WebGPU.
 
+use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
 use crate::app::ViewerApp;
@@ -43,6 +44,14 @@ fn requested_files() -> Vec<String> {
     (0..all.length()).filter_map(|i| all.get(i).as_string()).collect()
 }
 
+/// Whether the browser gives a canvas a WebGL2 context (tried on a canvas of its own).
+fn has_webgl2() -> bool {
+    let Some(document) = web_sys::window().and_then(|w| w.document()) else { return false };
+    let Ok(canvas) = document.create_element("canvas") else { return false };
+    let Ok(canvas) = canvas.dyn_into::<web_sys::HtmlCanvasElement>() else { return false };
+    canvas.get_context("webgl2").ok().flatten().is_some()
+}
+
 /// The viewer running in a page, for JavaScript.
 #[wasm_bindgen]
 pub struct WebHandle {
@@ -62,10 +71,13 @@ impl WebHandle {
     /// Starts the viewer on `canvas`, opening the files the address names.
     pub async fn start(&self, canvas: web_sys::HtmlCanvasElement) -> Result<(), JsValue> {
         let mut options = eframe::WebOptions::default();
-        // The page draws with WebGL, which every browser has; WebGPU is left to the
-        // experiments' compute (`web_run`). Same pictures; and headless Chromium (the test)
-        // captures a WebGL canvas in screenshots, where a WebGPU one comes out blank.
-        if let eframe::egui_wgpu::WgpuSetup::CreateNew(setup) = &mut options.wgpu_options.wgpu_setup {
+        // The page draws with WebGL2 where the browser has it (every desktop browser), leaving
+        // WebGPU to the experiments' compute (`web_run`): the same pictures, and headless
+        // Chromium (the test) captures a WebGL canvas in screenshots, where a WebGPU one comes
+        // out blank. Without WebGL2 (headless Firefox on a machine with no GPU) wgpu picks.
+        if has_webgl2()
+            && let eframe::egui_wgpu::WgpuSetup::CreateNew(setup) = &mut options.wgpu_options.wgpu_setup
+        {
             setup.instance_descriptor.backends = wgpu::Backends::GL;
         }
         self.runner

@@ -122,12 +122,9 @@ impl WgpuDevice {
         n: u64,
         cols: u64,
     ) -> Result<(), RuntimeError> {
-        if n * 4 > self.binding_limit() || n / cols > u32::MAX as u64 {
-            return Err(RuntimeError::Wgpu(cachalot_wgpu::KernelError::BindingTooLarge {
-                operand: "x",
-                bytes: n * 4,
-                limit: self.binding_limit(),
-            }));
+        // Over the binding limit, the column sums run in chunks (`KernelBatch::sum_rows`).
+        if n / cols > u32::MAX as u64 {
+            return Err(RuntimeError::Parameters(format!("mean of {n} elements: too many rows for the WGSL kernels")));
         }
         let columns = SumRows { x, out: staging, rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
         let total = SumRows { x: staging, out, rows: cols as u32, cols: 1, accumulate: false };

@@ -13,7 +13,7 @@
 //
 //   node webgpu.mjs http://127.0.0.1:8765/ REFS_DIR out.png
 import { readFileSync } from "node:fs";
-import { chromium } from "playwright-core";
+import { chromium, firefox } from "playwright-core";
 
 const [base, refs, shot] = process.argv.slice(2);
 if (!base || !refs || !shot) {
@@ -26,24 +26,36 @@ const requireGpu = (process.env.CACHALOT_REQUIRE_GPU || "0") !== "0";
 // playwright's `headless` asks for; a "headful" launch with --headless=new gives blank
 // screenshots) and the unsafe-WebGPU switch give an adapter on SwiftShader (no system Vulkan is
 // needed; VK_DRIVER_FILES is left alone). The page itself draws with WebGL on SwiftShader.
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox",
-    "--enable-unsafe-webgpu",
-    "--enable-unsafe-swiftshader",
-    "--use-angle=swiftshader",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
+const launchChromium = () =>
+  chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--enable-unsafe-webgpu",
+      "--enable-unsafe-swiftshader",
+      "--use-angle=swiftshader",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+
+// Debian's Firefox ESR through WebDriver BiDi (playwright's `moz-firefox` channel; its own
+// patched Firefox is not needed), with WebGPU turned on; its WebGPU runs on Vulkan (Mesa's
+// lavapipe without a GPU).
+const launchFirefox = () =>
+  firefox.launch({
+    channel: "moz-firefox",
+    executablePath: process.env.FIREFOX || "/usr/bin/firefox-esr",
+    headless: true,
+    firefoxUserPrefs: { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true },
+  });
 
 const failures = [];
-const check = (ok, message) => {
+const checkIn = (ok, message) => {
   if (!ok) failures.push(message);
   console.log(`${ok ? "ok  " : "FAIL"} ${message}`);
 };
@@ -101,7 +113,10 @@ const firstDifference = (a, b) => {
   return null;
 };
 
-try {
+// One browser's checks; `full` adds the OOM, the run after it and the screenshot.
+const session = async (name, browser, full) => {
+  const check = (ok, message) => checkIn(ok, `${name}: ${message}`);
+  try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
   const errors = [];
   page.on("console", (m) => {
@@ -119,12 +134,14 @@ try {
   );
   const gpu = async () => JSON.parse(await page.evaluate(() => window.cachalot.gpu_status()));
   const adapter = (await gpu()).adapter;
-  console.log(`adapter: ${JSON.stringify(adapter)}`);
-  if (adapter.state !== "ready") {
+  console.log(`${name}: adapter: ${JSON.stringify(adapter)}`);
+  if (adapter.state !== "ready" && name === "chromium") {
     check(!requireGpu, `a WebGPU adapter (CACHALOT_REQUIRE_GPU=1): ${adapter.why}`);
     if (!requireGpu) console.log("SKIP the WebGPU checks: no adapter, and CACHALOT_REQUIRE_GPU is unset");
+  } else if (adapter.state !== "ready") {
+    console.log(`SKIP ${name}: no WebGPU adapter here (${adapter.why})`);
   } else {
-    const blank = await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } });
+    const blank = full ? await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } }) : null;
     const run = async (settings) => {
       await page.evaluate((s) => window.cachalot.run_on_gpu(JSON.stringify(s)), settings);
       const started = Date.now();
@@ -181,31 +198,44 @@ try {
     }
 
     // Past the budget: the allocator's out-of-memory error, and the page goes on.
-    {
-      const { status } = await run({ experiment: "seeds", backend: "webgpu", budget_mib: 16 });
-      const error = status.run.result.record.error || "";
+    if (full) {
+      const oom = (await run({ experiment: "seeds", backend: "webgpu", budget_mib: 16 })).status;
+      const error = oom.run.result.record.error || "";
       check(error.includes("out of memory"), `a 16 MiB budget: the allocator's OOM (${error.slice(0, 160)})`);
-    }
-    const { status } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 2, budget_mib: 2048 });
-    check(status.run.result.record.error === null, "after the OOM the page runs again");
+      const { status } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 2, budget_mib: 2048 });
+      check(status.run.result.record.error === null, "after the OOM the page runs again");
 
-    await page.waitForTimeout(1500);
-    await page.screenshot({ path: shot });
-    const map = await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } });
-    check(
-      map.length > blank.length * 1.5,
-      `the segment map shows segments after the run (picture ${map.length} bytes; before any run ${blank.length})`,
-    );
+      await page.waitForTimeout(1500);
+      await page.screenshot({ path: shot });
+      const map = await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } });
+      check(
+        map.length > blank.length * 1.5,
+        `the segment map shows segments after the run (picture ${map.length} bytes; before any run ${blank.length})`,
+      );
+    }
     const panicked = await page.evaluate(() => window.cachalot.has_panicked());
     check(!panicked, "the app did not panic");
     check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
   }
+  } catch (error) {
+    failures.push(`${name}: ${error}`);
+    console.log(`FAIL ${name}: ${error}`);
+  } finally {
+    await browser.close();
+  }
+};
+
+
+await session("chromium", await launchChromium(), true);
+// Firefox where it runs here: a browser that does not start, or has no WebGPU adapter, is
+// reported and skipped (never counted as passed); checks of a run that started must pass.
+let firefoxBrowser = null;
+try {
+  firefoxBrowser = await launchFirefox();
 } catch (error) {
-  failures.push(String(error));
-  console.log(`FAIL ${error}`);
-} finally {
-  await browser.close();
+  console.log(`SKIP firefox: it does not start here (${String(error).split("\n")[0]})`);
 }
+if (firefoxBrowser) await session("firefox", firefoxBrowser, false);
 
 console.log(`webgpu: ${failures.length === 0 ? "passed" : `${failures.length} failed`}`);
 process.exit(failures.length === 0 ? 0 : 1);
