@@ -130,6 +130,17 @@ impl WebHandle {
         String::from_utf8(result.snapshot.to_json()).ok()
     }
 
+    /// The finished WebGPU run as a PyTorch snapshot pickle (what "Download PyTorch pickle"
+    /// saves), or `null` while none has finished.
+    #[wasm_bindgen]
+    pub fn gpu_pickle(&self) -> Result<Option<Vec<u8>>, JsValue> {
+        let Some(app) = self.runner.app_mut::<WebApp>() else { return Ok(None) };
+        let Some(progress) = app.runs.current() else { return Ok(None) };
+        let progress = progress.borrow();
+        let Some(result) = progress.result.as_ref() else { return Ok(None) };
+        crate::web_run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+    }
+
     /// Asks the current WebGPU run to stop, as the window's Stop button does.
     #[wasm_bindgen]
     pub fn stop_gpu_run(&self) {

@@ -639,10 +639,7 @@ impl WebRuns {
                 download(&format!("{stem}.json"), &result.snapshot.to_json());
             }
             if ui.button("Download PyTorch pickle").clicked() {
-                let written = torch::from_snapshot(&result.snapshot)
-                    .map_err(|e| e.to_string())
-                    .and_then(|t| pickle::write_snapshot(&t).map_err(|e| e.to_string()));
-                match written {
+                match torch_pickle(result) {
                     Ok(bytes) => download(&format!("{stem}.pickle"), &bytes),
                     Err(e) => log::error!("cannot write the pickle: {e}"),
                 }
@@ -696,6 +693,13 @@ impl WebRuns {
         });
         serde_json::json!({ "adapter": adapter, "budget_mib": self.settings.budget_mib, "run": run }).to_string()
     }
+}
+
+/// A run's snapshot as PyTorch writes `torch.cuda.memory._snapshot()` (what `_memory_viz`
+/// opens).
+pub fn torch_pickle(result: &RunResult) -> Result<Vec<u8>, String> {
+    let snapshot = torch::from_snapshot(&result.snapshot).map_err(|e| e.to_string())?;
+    pickle::write_snapshot(&snapshot).map_err(|e| e.to_string())
 }
 
 /// Waits `ms` milliseconds without blocking (a `setTimeout` promise).

@@ -12,7 +12,8 @@
 // and the WebGPU checks are skipped (never counted as passed).
 //
 //   node webgpu.mjs http://127.0.0.1:8765/ REFS_DIR out.png
-import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { chromium, firefox } from "playwright-core";
 
 const [base, refs, shot] = process.argv.slice(2);
@@ -195,6 +196,16 @@ const session = async (name, browser, full) => {
       check(got.length === 5 && want.length === 5 && worst <= 1e-4, `mlp-train: losses ${JSON.stringify(got)} equal the CPU reference's within 1e-4 relative (worst ${worst.toExponential(2)})`);
       check(status.run.device_errors.length === 0, `mlp-train: no WebGPU errors ${JSON.stringify(status.run.device_errors)}`);
       check(snap.segments.length > 0, `mlp-train: the end state holds ${snap.segments.length} segments`);
+      // The "Download PyTorch pickle" bytes, read by Python's pickle (no torch needed).
+      const bytes = await page.evaluate(() => Array.from(window.cachalot.gpu_pickle()));
+      const path = `${refs}/mlp.${name}.pickle`;
+      writeFileSync(path, Buffer.from(bytes));
+      const read = execFileSync("python3", [
+        "-c",
+        "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); print(len(d['segments']), len(d['device_traces'][0]))",
+        path,
+      ]).toString().trim();
+      check(read === `${snap.segments.length} ${snap.trace.length}`, `mlp-train: the PyTorch pickle holds the run's segments and trace (${read})`);
     }
 
     // Past the budget: the allocator's out-of-memory error, and the page goes on.
