@@ -40,8 +40,9 @@ use crate::live::{self, LiveEvent, LiveRun, LiveSender};
 use crate::loading::Inbox;
 use crate::style;
 
-/// The budget a run starts with: 1 GiB, within what a browser lends a page on most GPUs.
-const DEFAULT_BUDGET_MIB: u64 = 1024;
+/// The budget a run starts with: 2 GiB, what `seeds` needs (its peak reserves 1.0 GiB) with
+/// room to spare, and within what a browser lends a page on most GPUs.
+const DEFAULT_BUDGET_MIB: u64 = 2048;
 
 /// Whether and how the page reaches WebGPU.
 #[derive(Clone, Debug)]

@@ -238,6 +238,41 @@ const session = async (name, browser, full) => {
 
 
 await session("chromium", await launchChromium(), true);
+
+// No WebGPU (Chromium without the switch, and without a GPU): the page says why, and the same
+// experiment runs on the simulator's wgpu profile, with the simulator's marks.
+{
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader", "--use-angle=swiftshader"],
+  });
+  const check = (ok, message) => checkIn(ok, `no WebGPU: ${message}`);
+  try {
+    const page = await browser.newPage();
+    await page.goto(base);
+    await page.waitForFunction(
+      () => {
+        const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
+        return s && s.adapter.state !== "pending";
+      },
+      null,
+      { timeout: 120000 },
+    );
+    const adapter = JSON.parse(await page.evaluate(() => window.cachalot.gpu_status())).adapter;
+    check(adapter.state === "missing" && adapter.why.length > 20, `the page says why (${adapter.why})`);
+    await page.evaluate(() => window.cachalot.run_on_gpu(JSON.stringify({ experiment: "seeds", backend: "sim" })));
+    await page.waitForFunction(() => !JSON.parse(window.cachalot.gpu_status()).run.running, null, { timeout: 300000 });
+    const snap = JSON.parse(await page.evaluate(() => window.cachalot.gpu_snapshot()));
+    const d = firstDifference(marksOf(snap), marksOf(snapshot("seeds.sim-wgpu.json")));
+    check(d === null && snap.marks.length === 12, `seeds on the simulator: the marks equal the native simulator's${d ? ": " + d : ""}`);
+  } catch (error) {
+    failures.push(`no WebGPU: ${error}`);
+    console.log(`FAIL no WebGPU: ${error}`);
+  } finally {
+    await browser.close();
+  }
+}
 // Firefox where it runs here: a browser that does not start, or has no WebGPU adapter, is
 // reported and skipped (never counted as passed); checks of a run that started must pass.
 let firefoxBrowser = null;
