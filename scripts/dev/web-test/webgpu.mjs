@@ -213,6 +213,13 @@ const session = async (name, browser, full) => {
       const oom = (await run({ experiment: "seeds", backend: "webgpu", budget_mib: 16 })).status;
       const error = oom.run.result.record.error || "";
       check(error.includes("out of memory"), `a 16 MiB budget: the allocator's OOM (${error.slice(0, 160)})`);
+      // Stop: a long run ends at the next frame, and the page goes on.
+      await page.evaluate(() => window.cachalot.run_on_gpu(JSON.stringify({ experiment: "mlp-train", backend: "webgpu", steps: 1000, budget_mib: 2048 })));
+      await page.waitForFunction(() => JSON.parse(window.cachalot.gpu_status()).run.marks >= 2, null, { timeout: 120000 });
+      await page.evaluate(() => window.cachalot.stop_gpu_run());
+      await page.waitForFunction(() => !JSON.parse(window.cachalot.gpu_status()).run.running, null, { timeout: 60000 });
+      const stopped = JSON.parse(await page.evaluate(() => window.cachalot.gpu_status())).run;
+      check(stopped.stopped && stopped.marks < 1000, `Stop ends a 1,000-step run (after ${stopped.marks} marks)`);
       const { status } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 2, budget_mib: 2048 });
       check(status.run.result.record.error === null, "after the OOM the page runs again");
 
