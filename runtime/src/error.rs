@@ -11,6 +11,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Allocator(#[from] AllocatorError),
     /// A CUDA call failed.
+    #[cfg(not(target_arch = "wasm32"))]
     #[error("CUDA: {0}")]
     Cuda(#[from] cachalot_cuda::CudaError),
     /// A wgpu kernel, upload or readback failed.

@@ -30,6 +30,7 @@
 //! # Ok::<(), cachalot_runtime::RuntimeError>(())
 //! ```
 
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 pub mod comparison;
 pub mod device;
@@ -43,6 +44,6 @@ pub use device::sim::{SimDevice, SimProfile};
 pub use device::{Activation, BackendKind, Device, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
 pub use error::RuntimeError;
 pub use experiments::{Experiment, MlpParams, Outcome, SweepParams};
-pub use run::{RunRecord, RunResult, execute, execute_on};
+pub use run::{RunRecord, RunResult, execute, execute_async, execute_on};
 pub use runtime::{DType, LinearGrads, Runtime, Tensor};
 pub use select::{BackendRequest, DeviceOptions, Selection, open};

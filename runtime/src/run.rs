@@ -103,7 +103,31 @@ pub fn execute(experiment: &Experiment, options: &DeviceOptions) -> Result<RunRe
 /// Runs `experiment` on an opened device.
 pub fn execute_on(experiment: &Experiment, device: Box<dyn crate::device::Device>, selection: Selection) -> RunResult {
     let rt = Runtime::new(device);
-    let (outcome, error) = match experiment.run(&rt) {
+    let result = experiment.run(&rt);
+    record(experiment, &rt, selection, result)
+}
+
+/// Runs `experiment` on `rt` without blocking (the browser's WebGPU device: see
+/// [`Experiment::run_async`]), with the op file's text for an `ops` experiment, and records
+/// it as [`execute_on`] does. The caller keeps `rt`, to watch the allocator while it runs.
+pub async fn execute_async(
+    experiment: &Experiment,
+    rt: &Runtime,
+    selection: Selection,
+    ops_text: Option<&str>,
+) -> RunResult {
+    let result = experiment.run_with_ops_text(rt, ops_text).await;
+    record(experiment, rt, selection, result)
+}
+
+/// The result of a run that ended with `result`: the snapshot with its record attached.
+fn record(
+    experiment: &Experiment,
+    rt: &Runtime,
+    selection: Selection,
+    result: Result<Outcome, RuntimeError>,
+) -> RunResult {
+    let (outcome, error) = match result {
         Ok(outcome) => (outcome, None),
         Err(e) => (Outcome::default(), Some(e.to_string())),
     };

@@ -32,7 +32,7 @@ use cachalot_shaders::{Adam, MatmulShape, Sgd};
 use cachalot_trace::Snapshot;
 use cachalot_trace::snapshot::file::Timing;
 
-use crate::device::{Activation, BackendKind, Device, QUEUE_STREAM, StreamDiscipline, Workspaces};
+use crate::device::{Activation, BackendKind, Device, PendingRead, QUEUE_STREAM, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
 
 /// Name of the frame that marks an allocation a matrix product made for itself: on CUDA,
@@ -520,6 +520,55 @@ impl Runtime {
         let result = inner.uses(&[&t.allocation]).and_then(|_| inner.device.read(&t.allocation, count));
         inner.leave();
         result
+    }
+
+    /// [`Runtime::to_vec`] without blocking: the copy is queued now (recorded as the same
+    /// `to_host` use), and the values arrive when the device has made them. What the browser
+    /// needs, where nothing may wait on the page's thread; on other devices the future is
+    /// ready at once.
+    pub async fn read_f32(&self, t: &Tensor) -> Result<Vec<f32>, RuntimeError> {
+        self.read_f32_prefix(t, t.numel() as usize).await
+    }
+
+    /// [`Runtime::to_vec_prefix`] without blocking (see [`Runtime::read_f32`]).
+    pub async fn read_f32_prefix(&self, t: &Tensor, count: usize) -> Result<Vec<f32>, RuntimeError> {
+        let pending = self.read_prefix_later(t, count)?;
+        // No borrow of the runtime is held across the wait: the page may look at the
+        // allocator (draw the live run) meanwhile.
+        Ok(pending.await?.into_iter().map(f32::from_bits).collect())
+    }
+
+    fn read_prefix_later(&self, t: &Tensor, count: usize) -> Result<PendingRead, RuntimeError> {
+        self.check_owner(&[t])?;
+        let count = count.min(t.numel() as usize);
+        let mut inner = self.inner.borrow_mut();
+        inner.enter("to_host")?;
+        let result = inner.uses(&[&t.allocation]).and_then(|_| inner.device.read_later(&t.allocation, count));
+        inner.leave();
+        result
+    }
+
+    /// Lets whoever polls the experiment's future run other work (the browser draws a frame)
+    /// before the experiment goes on: a future that is pending once. Experiments call it
+    /// between steps that read nothing back, so a page stays responsive; when blocked on
+    /// natively it costs one poll.
+    pub async fn yield_now(&self) {
+        let mut yielded = false;
+        std::future::poll_fn(|cx| {
+            if yielded {
+                return std::task::Poll::Ready(());
+            }
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    /// Runs `f` with the device's allocator (to read what it recorded while the experiment
+    /// runs, as a live view does). Not to be called from inside an operation.
+    pub fn with_allocator<R>(&self, f: impl FnOnce(&mut dyn cachalot_core::Allocator) -> R) -> R {
+        f(self.inner.borrow_mut().device.allocator_mut())
     }
 
     /// `x.fill_(value)`.

@@ -7,6 +7,7 @@
 
 use cachalot_core::AllocatorConfig;
 
+#[cfg(not(target_arch = "wasm32"))]
 use crate::device::cuda::CudaDevice;
 use crate::device::sim::{SimDevice, SimProfile};
 use crate::device::wgpu::WgpuDevice;
@@ -166,12 +167,27 @@ pub(crate) fn choose<'a, T>(
     Ok((opened, Selection { backend: BackendKind::Sim, lines }))
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn open_cuda(ordinal: usize, config: AllocatorConfig) -> Result<(CudaDevice, String), String> {
     let description = cachalot_cuda::probe(ordinal).map_err(|e| e.to_string())?;
     let device = CudaDevice::open(ordinal, config).map_err(|e| format!("{description}, but {e}"))?;
     Ok((device, description))
 }
 
+/// In the browser there is no CUDA (its driver is a native library).
+#[cfg(target_arch = "wasm32")]
+fn open_cuda(_ordinal: usize, _config: AllocatorConfig) -> Result<(crate::device::sim::SimDevice, String), String> {
+    Err("CUDA is not reachable from a web page; the browser's GPU is reached through WebGPU (wgpu)".into())
+}
+
+/// In the browser an adapter can only be awaited: the page requests its WebGPU context first
+/// and runs on it with [`crate::execute_on`] and a [`crate::device::wgpu::WgpuDevice`].
+#[cfg(target_arch = "wasm32")]
+fn open_wgpu(_index: Option<usize>, _capacity: u64, _config: AllocatorConfig) -> Result<(WgpuDevice, String), String> {
+    Err("in the browser the WebGPU adapter is requested asynchronously by the page, not opened here".into())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
 fn open_wgpu(index: Option<usize>, capacity: u64, config: AllocatorConfig) -> Result<(WgpuDevice, String), String> {
     let context = WgpuDevice::request(index, capacity).map_err(|e| e.to_string())?;
     let description = describe_wgpu(&context, capacity);
@@ -180,7 +196,7 @@ fn open_wgpu(index: Option<usize>, capacity: u64, config: AllocatorConfig) -> Re
 }
 
 /// The adapter of `context` in words, saying so when it is a software one.
-pub(crate) fn describe_wgpu(context: &cachalot_wgpu::WgpuContext, capacity: u64) -> String {
+pub fn describe_wgpu(context: &cachalot_wgpu::WgpuContext, capacity: u64) -> String {
     let info = context.adapter_info();
     let software = if info.device_type == wgpu::DeviceType::Cpu {
         ", a software adapter: correct but slow, and not a GPU's memory"

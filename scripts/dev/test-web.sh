@@ -4,6 +4,13 @@
 # driven by playwright-core, and checks: no console errors, the trace loads and its timeline is
 # drawn, the broken file shows an error, a screenshot (target/web-test.png) shows the page.
 #
+# Then the experiments on the page's WebGPU (web-test/webgpu.mjs; Chromium's WebGPU runs on its
+# bundled SwiftShader without a GPU): `seeds` and a 5-step `mlp-train` against native runs made
+# here first — marks against `cachalot run --backend wgpu` (lavapipe), losses and allocator
+# events against `--backend sim --profile wgpu` — an OOM past a small budget, and a screenshot
+# (target/web-test-webgpu.png) with the segment map. About 3 minutes on 2 cores (most of it
+# SwiftShader running the kernels).
+#
 # Installs what it needs if missing: Debian's chromium (apt) and playwright-core (npm, into
 # scripts/dev/web-test/node_modules). Skips with a message where neither apt nor chromium exists.
 set -euo pipefail
@@ -45,3 +52,20 @@ for _ in $(seq 50); do
 done
 node scripts/dev/web-test/test.mjs "http://127.0.0.1:$port/" "$shot"
 echo "test-web: screenshot in $shot"
+
+# The native references of the WebGPU runs.
+refs="$target_dir/web-test-refs"
+mkdir -p "$refs"
+cachalot="$target_dir/debug/cachalot"
+if ! "$cachalot" run seeds --backend wgpu --out "$refs/seeds.wgpu.json" >/dev/null; then
+  # No native wgpu adapter (no lavapipe): nothing to compare the page's runs with.
+  echo "test-web: the WebGPU checks skipped: no native wgpu adapter for the reference runs" >&2
+  [ "${CACHALOT_REQUIRE_GPU:-0}" = 0 ] && exit 0
+  exit 1
+fi
+"$cachalot" run mlp-train --steps 5 --backend wgpu --out "$refs/mlp.wgpu.json" >/dev/null
+"$cachalot" run seeds --backend sim --profile wgpu --out "$refs/seeds.sim-wgpu.json" >/dev/null
+"$cachalot" run mlp-train --steps 5 --backend sim --profile wgpu --out "$refs/mlp.sim-wgpu.json" >/dev/null
+gpu_shot="${shot%.png}-webgpu.png"
+node scripts/dev/web-test/webgpu.mjs "http://127.0.0.1:$port/" "$refs" "$gpu_shot"
+echo "test-web: WebGPU screenshot in $gpu_shot"

@@ -81,7 +81,9 @@ fn xent_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) grou
             if (t < p.cols) {
                 row_loss[row] = log(s) + m - logits[base + t];
             } else {
-                row_loss[row] = bitcast<f32>(0x7fc00000u);
+                // A quiet NaN from a run-time value: as a constant expression, WGSL compilers
+                // that follow the spec (Chromium's Tint) reject a NaN outright.
+                row_loss[row] = bitcast<f32>(0x7fc00000u | (t & 0u));
             }
         }
     }

@@ -17,7 +17,8 @@
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
 //! - natively, [`native`]: the window, headless screenshots and the benchmark; in the
-//!   browser, `web`: the page's entry point.
+//!   browser, `web`: the page's entry point, and `web_run`: the experiments of `cachalot run`
+//!   on the visitor's GPU through WebGPU.
 //!
 //! Each module imports only modules listed before it: no panel imports [`app`]. The `cachalot`
 //! command line (crate `cachalot-cli`) shows this viewer with `cachalot view` and serves its web
@@ -46,6 +47,8 @@ pub mod timeline;
 pub mod native;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
+#[cfg(target_arch = "wasm32")]
+pub mod web_run;
 
 pub use app::ViewerApp;
 pub use model::Run;

@@ -1,11 +1,40 @@
 //! The browser: eframe's web runner on a canvas, offering the simulator's experiments and
 //! opening the files named in the page's address (`?open=trace.pickle&open=run.json`, fetched
-//! from the same server). The file picker and dropped files are the app's loader's.
+//! from the same server). The file picker and dropped files are the app's loader's. Beside the
+//! viewer, [`crate::web_run`]'s window runs the experiments of `cachalot run` on the
+//! visitor's GPU through WebGPU.
 
+use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
 use crate::app::ViewerApp;
 use crate::live::default_experiments;
+use crate::web_run::WebRuns;
+
+/// The page's app: the viewer and the WebGPU runs' window over it.
+struct WebApp {
+    viewer: ViewerApp,
+    runs: WebRuns,
+    /// To wake the page up when a script starts a run.
+    ctx: egui::Context,
+}
+
+impl eframe::App for WebApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.viewer.show(ui);
+        if let Some(run) = self.runs.window(ui.ctx()) {
+            self.viewer.add_live(run);
+        }
+    }
+
+    fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
+        visuals.panel_fill.to_normalized_gamma_f32()
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(&mut *self)
+    }
+}
 
 /// The `open=` parameters of the page's address.
 fn requested_files() -> Vec<String> {
@@ -13,6 +42,14 @@ fn requested_files() -> Vec<String> {
     let Ok(params) = web_sys::UrlSearchParams::new_with_str(&search) else { return Vec::new() };
     let all = params.get_all("open");
     (0..all.length()).filter_map(|i| all.get(i).as_string()).collect()
+}
+
+/// Whether the browser gives a canvas a WebGL2 context (tried on a canvas of its own).
+fn has_webgl2() -> bool {
+    let Some(document) = web_sys::window().and_then(|w| w.document()) else { return false };
+    let Ok(canvas) = document.create_element("canvas") else { return false };
+    let Ok(canvas) = canvas.dyn_into::<web_sys::HtmlCanvasElement>() else { return false };
+    canvas.get_context("webgl2").ok().flatten().is_some()
 }
 
 /// The viewer running in a page, for JavaScript.
@@ -33,17 +70,29 @@ impl WebHandle {
 
     /// Starts the viewer on `canvas`, opening the files the address names.
     pub async fn start(&self, canvas: web_sys::HtmlCanvasElement) -> Result<(), JsValue> {
+        let mut options = eframe::WebOptions::default();
+        // The page draws with WebGL2 where the browser has it (every desktop browser), leaving
+        // WebGPU to the experiments' compute (`web_run`): the same pictures, and headless
+        // Chromium (the test) captures a WebGL canvas in screenshots, where a WebGPU one comes
+        // out blank. Without WebGL2 (headless Firefox on a machine with no GPU) wgpu picks.
+        if has_webgl2()
+            && let eframe::egui_wgpu::WgpuSetup::CreateNew(setup) = &mut options.wgpu_options.wgpu_setup
+        {
+            setup.instance_descriptor.backends = wgpu::Backends::GL;
+        }
         self.runner
             .start(
                 canvas,
-                eframe::WebOptions::default(),
+                options,
                 Box::new(|cc| {
                     ViewerApp::setup(&cc.egui_ctx);
-                    let app = ViewerApp::new().with_experiments(default_experiments());
+                    let viewer = ViewerApp::new().with_experiments(default_experiments());
                     for url in requested_files() {
-                        app.fetch(url, cc.egui_ctx.clone());
+                        viewer.fetch(url, cc.egui_ctx.clone());
                     }
-                    Ok(Box::new(app))
+                    let runs = WebRuns::default();
+                    runs.request_adapter(&cc.egui_ctx);
+                    Ok(Box::new(WebApp { viewer, runs, ctx: cc.egui_ctx.clone() }))
                 }),
             )
             .await
@@ -52,7 +101,104 @@ impl WebHandle {
     /// What the viewer shows, as JSON (see `ViewerApp::status_json`).
     #[wasm_bindgen]
     pub fn status(&self) -> String {
-        self.runner.app_mut::<ViewerApp>().map(|app| app.status_json()).unwrap_or_else(|| "null".into())
+        self.runner.app_mut::<WebApp>().map(|app| app.viewer.status_json()).unwrap_or_else(|| "null".into())
+    }
+
+    /// The WebGPU runs' state as JSON (see `WebRuns::status_json`): the adapter, the current
+    /// run, and when it finished its record, marks and allocator events.
+    #[wasm_bindgen]
+    pub fn gpu_status(&self) -> String {
+        self.runner.app_mut::<WebApp>().map(|app| app.runs.status_json()).unwrap_or_else(|| "null".into())
+    }
+
+    /// Opens a file of the page's server, as `?open=` does (the benchmark times it).
+    #[wasm_bindgen]
+    pub fn open_url(&self, url: String) -> Result<(), JsValue> {
+        let app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        app.viewer.fetch(url, app.ctx.clone());
+        Ok(())
+    }
+
+    /// The finished WebGPU run's snapshot as cachalot's JSON (what "Download snapshot"
+    /// saves), or `null` while none has finished.
+    #[wasm_bindgen]
+    pub fn gpu_snapshot(&self) -> Option<String> {
+        let app = self.runner.app_mut::<WebApp>()?;
+        let progress = app.runs.current()?;
+        let progress = progress.borrow();
+        let result = progress.result.as_ref()?;
+        String::from_utf8(result.snapshot.to_json()).ok()
+    }
+
+    /// The finished WebGPU run as a PyTorch snapshot pickle (what "Download PyTorch pickle"
+    /// saves), or `null` while none has finished.
+    #[wasm_bindgen]
+    pub fn gpu_pickle(&self) -> Result<Option<Vec<u8>>, JsValue> {
+        let Some(app) = self.runner.app_mut::<WebApp>() else { return Ok(None) };
+        let Some(progress) = app.runs.current() else { return Ok(None) };
+        let progress = progress.borrow();
+        let Some(result) = progress.result.as_ref() else { return Ok(None) };
+        crate::web_run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+    }
+
+    /// Asks the current WebGPU run to stop, as the window's Stop button does.
+    #[wasm_bindgen]
+    pub fn stop_gpu_run(&self) {
+        if let Some(app) = self.runner.app_mut::<WebApp>() {
+            app.runs.stop();
+        }
+    }
+
+    /// Starts a run as the window's Run button does, with settings given as JSON:
+    /// `{"experiment": "seeds" | "mlp-train" | "matmul-sweep", "backend": "webgpu" | "sim",
+    /// "steps": 5, "widths": "256,512,512,10", "batches": "64,128,32", "config": "",
+    /// "budget_mib": 1024}` (every key optional). For scripts that drive the page; the result
+    /// shows in [`WebHandle::gpu_status`].
+    #[wasm_bindgen]
+    pub fn run_on_gpu(&self, settings: &str) -> Result<(), JsValue> {
+        let value: serde_json::Value =
+            serde_json::from_str(settings).map_err(|e| JsValue::from_str(&format!("settings: {e}")))?;
+        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let s = &mut app.runs.settings;
+        let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+        if let Some(name) = text("experiment") {
+            s.kind = match name.as_str() {
+                "seeds" => crate::web_run::Kind::Seeds,
+                "mlp-train" => crate::web_run::Kind::MlpTrain,
+                "matmul-sweep" => crate::web_run::Kind::MatmulSweep,
+                "ops" => crate::web_run::Kind::Ops,
+                other => return Err(JsValue::from_str(&format!("unknown experiment '{other}'"))),
+            };
+        }
+        if let Some(backend) = text("backend") {
+            s.webgpu = backend != "sim";
+        }
+        if let Some(steps) = value.get("steps").and_then(|v| v.as_u64()) {
+            s.steps = steps as u32;
+        }
+        if let Some(widths) = text("widths") {
+            s.widths = widths;
+        }
+        if let Some(batches) = text("batches") {
+            s.batches = batches;
+        }
+        if let Some(shapes) = text("shapes") {
+            s.shapes = shapes;
+        }
+        if let Some(config) = text("config") {
+            s.config = config;
+        }
+        if let Some(budget) = value.get("budget_mib").and_then(|v| v.as_u64()) {
+            s.budget_mib = budget;
+        }
+        if let (Some(name), Some(ops)) = (text("ops_name"), text("ops")) {
+            s.ops = Some((name, ops));
+        }
+        let ctx = app.ctx.clone();
+        let run = app.runs.start(&ctx).map_err(|e| JsValue::from_str(&e))?;
+        app.viewer.add_live(run);
+        ctx.request_repaint();
+        Ok(())
     }
 
     /// Whether the app panicked.

@@ -65,6 +65,14 @@ pub struct WgpuBackend {
 impl WgpuBackend {
     /// A backend over `context`, bounded by `context.config().capacity`.
     pub fn new(context: Arc<WgpuContext>) -> Self {
+        let capacity = context.config().capacity;
+        Self::with_capacity(context, capacity)
+    }
+
+    /// A backend over `context` bounded by `capacity` bytes instead of the context's
+    /// configured capacity: the budget a web page lets its visitor choose for each run, on the
+    /// one device it requested (WebGPU cannot tell free memory either).
+    pub fn with_capacity(context: Arc<WgpuContext>, capacity: u64) -> Self {
         let info = context.adapter_info();
         let limits = context.limits();
         let config = context.config();
@@ -72,7 +80,7 @@ impl WgpuBackend {
             backend: "wgpu".into(),
             name: info.name.clone(),
             index: config.device_index,
-            total_memory: config.capacity,
+            total_memory: capacity,
             alignment: crate::BLOCK_ALIGNMENT,
             max_segment_size: Some(limits.max_buffer_size),
             max_binding_size: Some(limits.max_storage_buffer_binding_size),
@@ -85,7 +93,7 @@ impl WgpuBackend {
                 ("max_buffer_size".into(), limits.max_buffer_size.to_string()),
                 ("max_storage_buffer_binding_size".into(), limits.max_storage_buffer_binding_size.to_string()),
                 ("min_storage_buffer_offset_alignment".into(), limits.min_storage_buffer_offset_alignment.to_string()),
-                ("capacity".into(), format!("{} (configured)", config.capacity)),
+                ("capacity".into(), format!("{capacity} (configured)")),
             ],
         };
         WgpuBackend { context, facts, segments: BTreeMap::new(), next_address: FIRST_ADDRESS, used: 0 }

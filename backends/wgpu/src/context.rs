@@ -88,8 +88,17 @@ pub struct WgpuContext {
     limits: wgpu::Limits,
     config: WgpuConfig,
     submissions: Submissions,
+    /// Errors the device reported outside any error scope (validation, out of memory) and its
+    /// loss, as text, oldest first; see [`WgpuContext::take_device_errors`].
+    device_errors: Arc<Mutex<Vec<String>>>,
+    /// Disjoint ranges for the storage bindings a kernel declares and a call leaves unused
+    /// (made on first use; see [`WgpuContext::unused_binding`]).
+    unused: std::sync::OnceLock<wgpu::Buffer>,
     pub(crate) pipelines: Pipelines,
 }
+
+/// Unused storage bindings one dispatch can have at most (`unused_binding` slots).
+const UNUSED_SLOTS: u64 = 8;
 
 impl WgpuContext {
     /// Requests a device from `adapter` with `config.limits` (the adapter's own limits by
@@ -147,6 +156,22 @@ impl WgpuContext {
                 crate::BLOCK_ALIGNMENT
             )));
         }
+        let device_errors = Arc::new(Mutex::new(Vec::new()));
+        // In the browser an error scope answers only after the event loop ran, so errors the
+        // scopes of this crate do not catch at once, and the device's loss, are kept for the
+        // page to show. Natively wgpu's default handler (a panic naming the error) stays: an
+        // uncaught error there is a bug, never something to read later.
+        #[cfg(target_arch = "wasm32")]
+        {
+            let errors = Arc::clone(&device_errors);
+            device.on_uncaptured_error(Arc::new(move |error: wgpu::Error| {
+                lock(&errors).push(format!("WebGPU error: {error}"));
+            }));
+            let errors = Arc::clone(&device_errors);
+            device.set_device_lost_callback(move |reason, message| {
+                lock(&errors).push(format!("WebGPU device lost ({reason:?}): {message}"));
+            });
+        }
         Ok(Arc::new(WgpuContext {
             device,
             queue,
@@ -154,8 +179,35 @@ impl WgpuContext {
             limits,
             config,
             submissions: Submissions::default(),
+            device_errors,
+            unused: std::sync::OnceLock::new(),
             pipelines: Pipelines::default(),
         }))
+    }
+
+    /// Range `slot` of a small buffer of the context's own, for a storage binding a kernel
+    /// declares but a call does not use: `(buffer, offset, size)`. The slots never overlap, as
+    /// WebGPU requires of writable bindings of one dispatch (native backends do not check,
+    /// browsers do). Slots past the last wrap around.
+    pub(crate) fn unused_binding(&self, slot: usize) -> (wgpu::Buffer, u64, u64) {
+        // Offsets of storage bindings must be multiples of this (at most 256 on every adapter).
+        let stride = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        let buffer = self.unused.get_or_init(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("cachalot unused bindings"),
+                size: stride * UNUSED_SLOTS,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        });
+        (buffer.clone(), (slot as u64 % UNUSED_SLOTS) * stride, stride)
+    }
+
+    /// Takes the errors the device reported outside an error scope, and its loss, since the
+    /// last call (oldest first). Only the browser collects them: natively such an error is a
+    /// panic of wgpu's default handler, and this is always empty.
+    pub fn take_device_errors(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.device_errors))
     }
 
     /// The device.
@@ -228,11 +280,20 @@ impl WgpuContext {
 
     /// Blocks until submission `number` has completed.
     ///
-    /// On the web nothing may block: this returns at once, which is sound for the allocator
-    /// because WebGPU runs every later command of the one queue after the pending work.
+    /// On the web nothing may block: this returns at once and counts the submission as
+    /// complete, which is sound for the allocator because WebGPU runs every later command of
+    /// the one queue after the pending work (and keeps a destroyed buffer until the work using
+    /// it is done). Counting it complete is what makes the allocator's frees complete at the
+    /// same calls as natively, where the wait is real: the browser's own completion callbacks
+    /// only run when the page returns to its event loop.
     pub fn wait_for(&self, number: u64) -> Result<(), BackendError> {
         if self.is_complete(number) {
             return Ok(());
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.submissions.completed.fetch_max(number.min(self.last_submission()), Ordering::AcqRel);
+            self.prune();
         }
         #[cfg(not(target_arch = "wasm32"))]
         {
@@ -261,9 +322,9 @@ impl WgpuContext {
 
     /// Runs `f` inside an error scope of `filter` and returns what the scope caught.
     ///
-    /// Native wgpu answers at once. On the web the answer arrives later through the browser;
-    /// then nothing is returned here and the error goes to the device's uncaptured-error
-    /// handler (the console).
+    /// Native wgpu answers at once. On the web the answer would arrive later through the
+    /// browser: there no scope is pushed, nothing is returned here, and the error goes to the
+    /// device's uncaptured-error handler ([`WgpuContext::take_device_errors`]).
     pub(crate) fn scoped<T>(&self, filter: wgpu::ErrorFilter, f: impl FnOnce() -> T) -> (T, Option<wgpu::Error>) {
         waiting::scoped(&self.device, filter, f)
     }

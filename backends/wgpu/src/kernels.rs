@@ -326,7 +326,7 @@ impl<'a> KernelBatch<'a> {
             let len = chunk.min(n - start);
             let mut bindings: Vec<Binding> = full.iter().map(|b| b.slice(start * 4, len * 4)).collect();
             bindings.extend(fixed.iter().cloned());
-            pad_bindings(&mut bindings, storage);
+            pad_bindings(&mut bindings, storage, self.context());
             let params = Params { n: len as u32, base: start as u32, ..params };
             self.dispatch(kernel.clone(), bindings, bytemuck::bytes_of(&params), len.div_ceil(wgsl::WORKGROUP as u64))?;
             start += len;
@@ -346,8 +346,8 @@ impl<'a> KernelBatch<'a> {
         let mut bindings = vec![self.whole("a", a, ea * 4)?, self.whole("b", b, eb * 4)?, self.whole("c", c, ec * 4)?];
         match bias {
             Some(bias) => bindings.push(self.whole("bias", bias, shape.n as u64 * 4)?),
-            // Never read: any valid range will do.
-            None => bindings.push(bindings[2].clone()),
+            // Never read: a range of its own, as WebGPU wants (see `pad_bindings`).
+            None => pad_bindings(&mut bindings, 4, self.context()),
         }
         let MatmulShape { m, n, k, trans_a, trans_b } = shape;
         // vec4 loads need every operand's contiguous axis to hold whole vec4s.
@@ -452,19 +452,53 @@ impl<'a> KernelBatch<'a> {
     }
 
     /// Column sums `out[c] (+)= Σ_r x[r, c]` of `x[rows, cols]` (the bias gradient).
+    ///
+    /// An `x` larger than one binding may be is summed in chunks of whole rows, each added to
+    /// `out` (browsers' limit is often 128 MiB, below a tensor a PyTorch program reduces).
     pub fn sum_rows(&mut self, op: SumRows<&Allocation>) -> Result<(), KernelError> {
         let SumRows { x, out, rows, cols, accumulate } = op;
         if cols == 0 {
             return Ok(());
         }
         let kernel = self.entry(Module::Elementwise, "sum_rows")?;
-        let x = self.whole("x", x, op.elements() * 4)?;
+        let x = self.operand("x", x, op.elements() * 4)?;
         let out = self.whole("out", out, cols as u64 * 4)?;
-        let f0 = [if accumulate { 1.0 } else { 0.0 }, 0.0, 0.0, 0.0];
-        let params = Params { rows, cols, f0, ..Params::default() };
-        let mut bindings = vec![x, out];
-        pad_bindings(&mut bindings, 3);
-        self.dispatch(kernel, bindings, bytemuck::bytes_of(&params), (cols as u64).div_ceil(wgsl::WORKGROUP as u64))
+        let limits = self.context().limits();
+        let row_bytes = cols as u64 * 4;
+        // Chunks start at multiples of the storage offset alignment: whole rows, a multiple of
+        // `step` rows at a time.
+        let align = u64::from(limits.min_storage_buffer_offset_alignment).max(4);
+        let step = align / gcd(row_bytes, align);
+        let chunk_rows = (limits.max_storage_buffer_binding_size / row_bytes / step * step).min(u32::MAX as u64);
+        if chunk_rows == 0 {
+            return Err(KernelError::BindingTooLarge {
+                operand: "x",
+                bytes: row_bytes * step,
+                limit: limits.max_storage_buffer_binding_size,
+            });
+        }
+        let mut first = 0u64;
+        while first < rows as u64 || first == 0 {
+            let count = chunk_rows.min(rows as u64 - first);
+            let binding = if first == 0 && count == rows as u64 {
+                x.clone()
+            } else {
+                x.slice(first * row_bytes, count * row_bytes)
+            };
+            let add = accumulate || first > 0;
+            let f0 = [if add { 1.0 } else { 0.0 }, 0.0, 0.0, 0.0];
+            let params = Params { rows: count as u32, cols, f0, ..Params::default() };
+            let mut bindings = vec![binding, out.clone()];
+            pad_bindings(&mut bindings, 3, self.context());
+            self.dispatch(
+                kernel.clone(),
+                bindings,
+                bytemuck::bytes_of(&params),
+                (cols as u64).div_ceil(wgsl::WORKGROUP as u64),
+            )?;
+            first += count.max(1);
+        }
+        Ok(())
     }
 
     // ---- losses ----
@@ -758,11 +792,21 @@ fn encode(context: &WgpuContext, ops: Vec<Op>) -> Result<wgpu::CommandBuffer, Ke
 }
 
 /// Repeats the first binding into unused slots (never read; any valid range will do).
-fn pad_bindings(bindings: &mut Vec<Binding>, storage: usize) {
+/// Fills the storage bindings a kernel declares but this call does not use with disjoint
+/// ranges of the context's spare buffer: WebGPU refuses two writable bindings that overlap, so
+/// a padding binding may not repeat an operand or another padding binding.
+fn pad_bindings(bindings: &mut Vec<Binding>, storage: usize, context: &WgpuContext) {
+    let mut slot = 0;
     while bindings.len() < storage {
-        let first = bindings[0].clone();
-        bindings.push(first);
+        let (buffer, offset, size) = context.unused_binding(slot);
+        bindings.push(Binding { buffer, offset, size });
+        slot += 1;
     }
+}
+
+/// The greatest common divisor.
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// A 2-D grid of `groups` workgroups: x up to the per-dimension limit, y the rest.

@@ -24,13 +24,20 @@ pub(crate) fn poll_once<F: Future>(future: F) -> Option<F::Output> {
 }
 
 /// Runs `f` inside an error scope of `device` with `filter`, and returns what it returned with
-/// the error the scope caught, if any (natively; in the browser the scope's answer comes later,
-/// and this reports none).
+/// the error the scope caught, if any.
+///
+/// In the browser a scope answers only after the page returned to its event loop, and an
+/// answer nobody awaits would be lost: there no scope is pushed, and an error goes to the
+/// device's uncaptured-error handler, which keeps it for the page
+/// ([`crate::WgpuContext::take_device_errors`]).
 pub(crate) fn scoped<T>(
     device: &wgpu::Device,
     filter: wgpu::ErrorFilter,
     f: impl FnOnce() -> T,
 ) -> (T, Option<wgpu::Error>) {
+    if cfg!(target_arch = "wasm32") {
+        return (f(), None);
+    }
     let scope = device.push_error_scope(filter);
     let value = f();
     let error = poll_once(scope.pop()).flatten();

@@ -362,9 +362,9 @@ fn optimiser_steps_match_cpu() {
     }
 }
 
-/// A device whose bindings hold 4 KiB: element-wise kernels split larger tensors into
-/// chunks (offsets stay aligned, `add_bias` keeps its column phase), while the matmul, which
-/// cannot, fails with an error that names the limit.
+/// A device whose bindings hold 4 KiB: element-wise kernels and the column sum split larger
+/// tensors into chunks (offsets stay aligned, `add_bias` keeps its column phase), while the
+/// matmul, which cannot, fails with an error that names the limit.
 #[test]
 fn large_tensors_run_in_chunks_or_name_the_binding_limit() {
     let Some(probe) = common::context() else { return };
@@ -391,6 +391,16 @@ fn large_tensors_run_in_chunks_or_name_the_binding_limit() {
     cpu::gelu_forward(&x_host, &mut want);
     cpu::add_bias(&mut want, &bias_host);
     assert_close("chunked gelu + add_bias", &read(&kernels, &mut allocator, &y, n), &want);
+
+    // The column sums of x (14,800 bytes) in chunks of whole rows, added up in `out`.
+    let sums = poisoned(&kernels, &mut allocator, cols as usize);
+    let mut batch = kernels.batch(&mut allocator);
+    batch.sum_rows(SumRows { x: &x, out: &sums, rows, cols, accumulate: false }).unwrap();
+    batch.submit().unwrap();
+    let mut want_sums = vec![0.0; cols as usize];
+    cpu::sum_rows(&x_host, &mut want_sums, rows, cols, false);
+    assert_close("chunked sum_rows", &read(&kernels, &mut allocator, &sums, cols as usize), &want_sums);
+    allocator.free(sums).unwrap();
 
     let mut batch = kernels.batch(&mut allocator);
     let error = batch.matmul(Matmul::new(&x, &x, &y, MatmulShape::nn(rows, rows, cols))).unwrap_err();

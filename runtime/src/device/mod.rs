@@ -21,6 +21,7 @@
 //! `record_stream` calls) in one place, so the sim and wgpu devices record exactly the same uses.
 
 pub mod cpu;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod cuda;
 pub mod sim;
 pub mod wgpu;
@@ -101,8 +102,26 @@ impl Workspaces {
     /// PyTorch 2.11's sizes for compute capability `major` (32 MiB on 9, 10 and 12, else
     /// 8.125 MiB; 1 MiB for cuBLASLt), without environment overrides.
     pub fn pytorch(major: i32) -> Self {
-        let sizes = cachalot_cuda::WorkspaceSizes::pytorch(major, None, None);
-        Workspaces { cublas: sizes.cublas, cublaslt: sizes.cublaslt }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let sizes = cachalot_cuda::WorkspaceSizes::pytorch(major, None, None);
+            Workspaces { cublas: sizes.cublas, cublaslt: sizes.cublaslt }
+        }
+        // The browser build has no CUDA crate (cudarc loads native libraries); these are the
+        // defaults of `cachalot_cuda::WorkspaceSizes::pytorch`, which the native test
+        // `workspaces_match_the_cuda_crates` holds this copy to.
+        #[cfg(target_arch = "wasm32")]
+        {
+            Self::pytorch_defaults(major)
+        }
+    }
+
+    /// PyTorch 2.11's default sizes without the CUDA crate (for the browser): 4,096 × 8 KiB
+    /// (32 MiB) on compute capability 9, 10 and 12, else 2 × 4 MiB + 8 × 16 KiB (8.125 MiB);
+    /// 1 MiB for cuBLASLt.
+    pub fn pytorch_defaults(major: i32) -> Self {
+        let cublas = if matches!(major, 9 | 10 | 12) { 4096 * 8 * 1024 } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
+        Workspaces { cublas, cublaslt: 1024 * 1024 }
     }
 }
 
@@ -245,6 +264,13 @@ pub trait DeviceKernels {
     fn upload(&mut self, dst: &Allocation, words: &[u32]) -> Result<(), RuntimeError>;
     /// Reads `words` 32-bit words from the start of `src`, after the work queued before.
     fn read(&mut self, src: &Allocation, words: usize) -> Result<Vec<u32>, RuntimeError>;
+    /// [`DeviceKernels::read`] without waiting: the copy is queued now, the words arrive with
+    /// the future. The browser's WebGPU device cannot block, so it reads only this way; the
+    /// default reads at once and returns a ready future.
+    fn read_later(&mut self, src: &Allocation, words: usize) -> Result<PendingRead, RuntimeError> {
+        let words = self.read(src, words);
+        Ok(Box::pin(std::future::ready(words)))
+    }
     /// `x[i] = value` for `n` f32.
     fn fill(&mut self, x: &Allocation, n: u64, value: f32) -> Result<(), RuntimeError>;
     /// `x[i] = value` for `n` u32.
@@ -272,8 +298,23 @@ pub trait DeviceKernels {
     fn adam_step(&mut self, op: AdamStep<&Allocation>) -> Result<(), RuntimeError>;
 }
 
+/// Words on their way back from a device ([`DeviceKernels::read_later`]).
+pub type PendingRead = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u32>, RuntimeError>>>>;
+
 /// A device the runtime runs on: its facts and allocator ([`DeviceInfo`]) and its kernels
 /// ([`DeviceKernels`]). Implemented for every type that has both.
 pub trait Device: DeviceInfo + DeviceKernels {}
 
 impl<T: DeviceInfo + DeviceKernels + ?Sized> Device for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::Workspaces;
+
+    #[test]
+    fn workspaces_match_the_cuda_crates() {
+        for major in [7, 8, 9, 10, 12] {
+            assert_eq!(Workspaces::pytorch_defaults(major), Workspaces::pytorch(major), "sm{major}");
+        }
+    }
+}

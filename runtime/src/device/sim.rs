@@ -294,7 +294,7 @@ impl Backend for HostSim {
     }
 
     fn now_us(&mut self) -> i64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+        web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
     }
 }
 

@@ -14,8 +14,12 @@ use cachalot_shaders::Sgd;
 use cachalot_shaders::ops::{
     ActivationBackward, ActivationForward, AdamStep, CrossEntropy, Matmul, Mean, Mse, SgdStep, SumRows,
 };
-use cachalot_wgpu::{KernelBatch, Kernels, WgpuBackend, WgpuConfig, WgpuContext};
+#[cfg(not(target_arch = "wasm32"))]
+use cachalot_wgpu::WgpuConfig;
+use cachalot_wgpu::{KernelBatch, Kernels, WgpuBackend, WgpuContext};
 
+#[cfg(target_arch = "wasm32")]
+use super::PendingRead;
 use super::{BackendKind, DeviceAllocator, DeviceInfo, DeviceKernels, HeldAllocator, StreamDiscipline};
 use crate::error::RuntimeError;
 
@@ -41,6 +45,7 @@ impl WgpuDevice {
     }
 
     /// Requests the best adapter (or the `index`-th one wgpu enumerates) with `capacity` bytes.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn request(index: Option<usize>, capacity: u64) -> Result<Arc<WgpuContext>, RuntimeError> {
         let wgpu_config = WgpuConfig { capacity, device_index: index.unwrap_or(0) as u32, ..WgpuConfig::default() };
         match index {
@@ -59,6 +64,20 @@ impl WgpuDevice {
                 Ok(pollster::block_on(WgpuContext::new(&adapter, wgpu_config))?)
             }
         }
+    }
+
+    /// The device of `context` with the allocator `config`, holding at most `capacity` bytes
+    /// in segments (the budget a web page sets per run; [`WgpuDevice::new`] takes the
+    /// context's configured capacity).
+    pub fn with_capacity(
+        context: Arc<WgpuContext>,
+        config: AllocatorConfig,
+        capacity: u64,
+    ) -> Result<Self, RuntimeError> {
+        let backend = WgpuBackend::with_capacity(Arc::clone(&context), capacity);
+        let allocator = cachalot_core::CachingAllocator::new(backend, config)?;
+        let allocator = DeviceAllocator::new(allocator, BackendKind::Wgpu, StreamDiscipline::QueueStream);
+        Ok(WgpuDevice { allocator, kernels: Kernels::new(context), host_means: 0 })
     }
 
     /// The shared context.
@@ -87,6 +106,43 @@ impl WgpuDevice {
 
     fn binding_limit(&self) -> u64 {
         self.kernels.context().limits().max_storage_buffer_binding_size
+    }
+
+    /// The mean without reading back (the browser cannot wait for a readback inside an
+    /// operation): column sums of `x` as `[n / cols, cols]` into `staging`, their sum into
+    /// `out`, then `out / n` through `staging[0]` (the scale needs distinct operands) and back.
+    /// All in f32 on the GPU, where the native device adds the last partials in f64 on the
+    /// host: the same value up to the last bits. Allocates nothing, as the native path.
+    #[cfg(target_arch = "wasm32")]
+    fn mean_on_gpu(
+        &mut self,
+        x: &Allocation,
+        staging: &Allocation,
+        out: &Allocation,
+        n: u64,
+        cols: u64,
+    ) -> Result<(), RuntimeError> {
+        // Over the binding limit, the column sums run in chunks (`KernelBatch::sum_rows`).
+        if n / cols > u32::MAX as u64 {
+            return Err(RuntimeError::Parameters(format!("mean of {n} elements: too many rows for the WGSL kernels")));
+        }
+        let columns = SumRows { x, out: staging, rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
+        let total = SumRows { x: staging, out, rows: cols as u32, cols: 1, accumulate: false };
+        let scale = SgdStep {
+            param: staging,
+            grad: out,
+            momentum: None,
+            n: 1,
+            sgd: Sgd::new(-(1.0 / n as f64) as f32),
+            first_step: true,
+        };
+        self.submit(|b| {
+            b.sum_rows(columns)?;
+            b.sum_rows(total)?;
+            b.fill(staging, 1, 0.0)?;
+            b.sgd_step(scale)?;
+            b.copy(staging, out, 1)
+        })
     }
 }
 
@@ -138,11 +194,30 @@ impl DeviceKernels for WgpuDevice {
         self.submit(|b| b.upload_u32(dst, words))
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     fn read(&mut self, src: &Allocation, words: usize) -> Result<Vec<u32>, RuntimeError> {
         let mut batch = self.kernels.batch(&mut self.allocator);
         let readback = batch.read_u32(src, words)?;
         batch.submit()?;
         Ok(readback.wait_u32()?)
+    }
+
+    /// In the browser a read cannot wait: every read goes through [`DeviceKernels::read_later`].
+    #[cfg(target_arch = "wasm32")]
+    fn read(&mut self, _src: &Allocation, _words: usize) -> Result<Vec<u32>, RuntimeError> {
+        Err(RuntimeError::Parameters(
+            "a blocking read on WebGPU: the browser cannot wait for the GPU, so experiments read with \
+             Runtime::read_f32 (awaited) there"
+                .into(),
+        ))
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn read_later(&mut self, src: &Allocation, words: usize) -> Result<PendingRead, RuntimeError> {
+        let mut batch = self.kernels.batch(&mut self.allocator);
+        let readback = batch.read_u32(src, words)?;
+        batch.submit()?;
+        Ok(Box::pin(async move { Ok(readback.u32().await?) }))
     }
 
     fn fill(&mut self, x: &Allocation, n: u64, value: f32) -> Result<(), RuntimeError> {
@@ -171,6 +246,11 @@ impl DeviceKernels for WgpuDevice {
         // the division on the host. A tensor over the binding limit cannot be bound whole
         // (the WGSL set has no chunked reduction): it is read back and summed on the host.
         let cols = (1..=MEAN_COLUMNS.min(n)).rev().find(|c| n.is_multiple_of(*c)).unwrap_or(1);
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.mean_on_gpu(x, staging, out, n, cols)
+        }
+        #[cfg(not(target_arch = "wasm32"))]
         let sum = if n * 4 <= self.binding_limit() && n / cols <= u32::MAX as u64 {
             let sums = SumRows { x, out: staging, rows: (n / cols) as u32, cols: cols as u32, accumulate: false };
             self.submit(|b| b.sum_rows(sums))?;
@@ -181,8 +261,11 @@ impl DeviceKernels for WgpuDevice {
             let values = self.read(x, n as usize)?;
             values.iter().map(|&w| f32::from_bits(w) as f64).sum::<f64>()
         };
-        let mean = (sum / n as f64) as f32;
-        self.upload(out, &[mean.to_bits()])
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let mean = (sum / n as f64) as f32;
+            self.upload(out, &[mean.to_bits()])
+        }
     }
 
     fn matmul(&mut self, op: Matmul<&Allocation>) -> Result<(), RuntimeError> {

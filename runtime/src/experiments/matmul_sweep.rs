@@ -1,7 +1,7 @@
 //! `matmul-sweep`: matrix products over a range of shapes and layouts; every result is read
 //! back and checked against the CPU reference (norm-wise relative error).
 
-use std::time::Instant;
+use web_time::Instant;
 
 use cachalot_shaders::MatmulShape;
 use cachalot_shaders::cpu::{self as reference, Rng};
@@ -56,7 +56,7 @@ pub fn shape_of(m: u32, n: u32, k: u32, layout: &str) -> Result<MatmulShape, Run
 }
 
 /// Runs `matmul-sweep` on `rt`.
-pub fn run(rt: &Runtime, params: &SweepParams) -> Result<Outcome, RuntimeError> {
+pub async fn run(rt: &Runtime, params: &SweepParams) -> Result<Outcome, RuntimeError> {
     let mut outcome = Outcome::default();
     let mut rng = Rng::new(params.seed);
     let binding_limit = rt.device_facts().max_binding_size;
@@ -82,7 +82,7 @@ pub fn run(rt: &Runtime, params: &SweepParams) -> Result<Outcome, RuntimeError> 
             let a = rt.from_f32(&[ea as usize], &a_host)?;
             let b = rt.from_f32(&[eb as usize], &b_host)?;
             let c = rt.matmul(&a, &b, shape)?;
-            let got = rt.to_vec(&c)?;
+            let got = rt.read_f32(&c).await?;
             rt.record_time(label.clone(), start.elapsed());
             rt.mark(label.clone())?;
             drop((a, b, c));

@@ -12,7 +12,7 @@
 //! goes down. Gradients of a step live until the next step's `zero_grad`; optimiser state is
 //! allocated at the first step and stays, as in PyTorch.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use cachalot_shaders::cpu::Rng;
 use cachalot_shaders::{Adam, Sgd};
@@ -163,7 +163,7 @@ impl Teacher {
 }
 
 /// Runs `mlp-train` on `rt`.
-pub fn run(rt: &Runtime, params: &MlpParams) -> Result<Outcome, RuntimeError> {
+pub async fn run(rt: &Runtime, params: &MlpParams) -> Result<Outcome, RuntimeError> {
     params.validate()?;
     let mut outcome = Outcome::default();
     let widths = &params.widths;
@@ -245,7 +245,7 @@ pub fn run(rt: &Runtime, params: &MlpParams) -> Result<Outcome, RuntimeError> {
             step_parameter(rt, params, &layer.w, dw, &mut layer.state_w, step)?;
             step_parameter(rt, params, &layer.b, db, &mut layer.state_b, step)?;
         }
-        let value = rt.to_vec(&loss)?.first().copied().unwrap_or(f32::NAN);
+        let value = rt.read_f32(&loss).await?.first().copied().unwrap_or(f32::NAN);
         outcome.losses.push(value);
         drop(loss);
         drop(target);

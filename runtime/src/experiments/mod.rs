@@ -50,14 +50,43 @@ impl Experiment {
         }
     }
 
-    /// Runs the experiment on `rt`.
+    /// Runs the experiment on `rt`, blocking where the device reads back (natively). In the
+    /// browser, where nothing may block, it runs devices whose reads are ready at once (the
+    /// simulator) and refuses the others: run those with [`Experiment::run_async`].
     pub fn run(&self, rt: &Runtime) -> Result<Outcome, RuntimeError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            pollster::block_on(self.run_async(rt))
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            match std::future::Future::poll(std::pin::pin!(self.run_async(rt)), &mut context) {
+                std::task::Poll::Ready(outcome) => outcome,
+                std::task::Poll::Pending => Err(RuntimeError::Parameters(
+                    "this device reads back asynchronously (WebGPU): run the experiment with run_async".into(),
+                )),
+            }
+        }
+    }
+
+    /// Runs the experiment on `rt`; the future waits for the device's readbacks instead of
+    /// blocking, so the browser can run it on WebGPU from its event loop (the runtime's async
+    /// path: see the crate README). An `ops` experiment reads its file from `path`.
+    pub async fn run_async(&self, rt: &Runtime) -> Result<Outcome, RuntimeError> {
+        self.run_with_ops_text(rt, None).await
+    }
+
+    /// [`Experiment::run_async`], with the text of an `ops` experiment's op file given (the
+    /// browser has no file system: the page's uploaded file).
+    pub async fn run_with_ops_text(&self, rt: &Runtime, ops_text: Option<&str>) -> Result<Outcome, RuntimeError> {
         rt.set_experiment(self.name());
-        let outcome = match self {
-            Experiment::Seeds => seeds::run(rt)?,
-            Experiment::MlpTrain(params) => mlp::run(rt, params)?,
-            Experiment::MatmulSweep(params) => matmul_sweep::run(rt, params)?,
-            Experiment::Ops(params) => ops::run(rt, params)?,
+        let outcome = match (self, ops_text) {
+            (Experiment::Seeds, _) => seeds::run(rt).await?,
+            (Experiment::MlpTrain(params), _) => mlp::run(rt, params).await?,
+            (Experiment::MatmulSweep(params), _) => matmul_sweep::run(rt, params).await?,
+            (Experiment::Ops(params), None) => ops::run(rt, params).await?,
+            (Experiment::Ops(params), Some(text)) => ops::run_text(rt, params, text).await?,
         };
         rt.finish()?;
         Ok(outcome)

@@ -2,7 +2,7 @@
 //! the device, with no kernels. Streams are folded onto the default stream, as PyTorch's
 //! reference harness (`torch_alloc_bench.py`) replays them.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use cachalot_trace::ops::{Op, OpFile};
 
@@ -19,15 +19,28 @@ pub struct OpsParams {
     pub mark_every: usize,
 }
 
-/// Runs `ops` on `rt`.
-pub fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
+/// Ops run between two [`Runtime::yield_now`]s: an op file has no readbacks, and a page must
+/// get to draw while a long one runs.
+const OPS_PER_YIELD: usize = 20_000;
+
+/// Runs `ops` on `rt`, reading the op file at `params.path`.
+pub async fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
+    let text = std::fs::read_to_string(&params.path)
+        .map_err(|e| RuntimeError::Input { path: params.path.clone(), message: e.to_string() })?;
+    run_text(rt, params, &text).await
+}
+
+/// Runs `ops` on `rt` with the op file's text (the browser's uploaded file); `params.path`
+/// names it in errors.
+pub async fn run_text(rt: &Runtime, params: &OpsParams, text: &str) -> Result<Outcome, RuntimeError> {
     let input = |message: String| RuntimeError::Input { path: params.path.clone(), message };
-    let text = std::fs::read_to_string(&params.path).map_err(|e| input(e.to_string()))?;
-    let file = OpFile::parse(&text).map_err(|e| input(e.to_string()))?;
+    let file = OpFile::parse(text).map_err(|e| input(e.to_string()))?;
     let mut outcome = Outcome::default();
     let mut live: Vec<Option<Tensor>> = (0..file.handles).map(|_| None).collect();
     rt.set_phase("ops");
-    let start = Instant::now();
+    // The time spent running ops, not the pauses at `yield_now` (where a page draws).
+    let mut elapsed = std::time::Duration::ZERO;
+    let mut start = Instant::now();
     for (i, op) in file.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, .. } => live[id as usize] = Some(rt.raw(size)?),
@@ -36,8 +49,13 @@ pub fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
         if params.mark_every > 0 && (i + 1) % params.mark_every == 0 {
             rt.mark(format!("op {}", i + 1))?;
         }
+        if (i + 1) % OPS_PER_YIELD == 0 {
+            elapsed += start.elapsed();
+            rt.yield_now().await;
+            start = Instant::now();
+        }
     }
-    let elapsed = start.elapsed();
+    elapsed += start.elapsed();
     rt.record_time("ops", elapsed);
     rt.mark("end")?;
     live.clear();

@@ -23,7 +23,7 @@ use crate::error::RuntimeError;
 use crate::runtime::Runtime;
 
 /// Runs `seeds` on `rt`.
-pub fn run(rt: &Runtime) -> Result<Outcome, RuntimeError> {
+pub async fn run(rt: &Runtime) -> Result<Outcome, RuntimeError> {
     let mut outcome = Outcome::default();
 
     rt.set_phase("tiny");
@@ -55,8 +55,8 @@ pub fn run(rt: &Runtime) -> Result<Outcome, RuntimeError> {
     let o = rt.linear(&d, &w, Some(&b))?;
     rt.mark("linear_output")?;
     if rt.computes() {
-        let bias = rt.to_vec(&b)?;
-        let out = rt.to_vec_prefix(&o, 20)?;
+        let bias = rt.read_f32(&b).await?;
+        let out = rt.read_f32_prefix(&o, 20).await?;
         let ok = out[..10] == bias[..] && out[10..] == bias[..];
         outcome.checks.push(Check {
             name: "Linear(1024, 10) of zeros = bias".into(),
@@ -90,7 +90,7 @@ pub fn run(rt: &Runtime) -> Result<Outcome, RuntimeError> {
     rt.mark("bw_after")?;
     if rt.computes() {
         let want = 5.0 / n as f32;
-        let got = rt.to_vec_prefix(&grad_x, 4)?;
+        let got = rt.read_f32_prefix(&grad_x, 4).await?;
         outcome.checks.push(Check {
             name: "x.grad of mean(5x) = 5/n".into(),
             passed: got.iter().all(|&g| (g - want).abs() <= want * 1e-6),

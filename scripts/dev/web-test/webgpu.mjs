@@ -1,0 +1,294 @@
+// Runs `seeds` and a 5-step `mlp-train` on the page's WebGPU in headless Chromium (Dawn on its
+// bundled SwiftShader where there is no GPU) and checks them against native runs made by
+// scripts/dev/test-web.sh:
+//
+// - the marks equal the native wgpu run's (`cachalot run --backend wgpu`, on lavapipe here);
+// - the losses equal the CPU reference's (`--backend sim --profile wgpu`) within 1e-4 relative;
+// - the allocator's events equal the simulator's with the wgpu profile, entry for entry once
+//   addresses are made (segment, offset) as `cachalot_trace::normalized` does;
+// - a screenshot after the run shows the segment map with segments in it.
+//
+// With CACHALOT_REQUIRE_GPU=1 a page without a WebGPU adapter fails; otherwise it is reported
+// and the WebGPU checks are skipped (never counted as passed).
+//
+//   node webgpu.mjs http://127.0.0.1:8765/ REFS_DIR out.png
+import { execFileSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { chromium, firefox } from "playwright-core";
+
+const [base, refs, shot] = process.argv.slice(2);
+if (!base || !refs || !shot) {
+  console.error("usage: node webgpu.mjs BASE_URL REFS_DIR SCREENSHOT.png");
+  process.exit(2);
+}
+const requireGpu = (process.env.CACHALOT_REQUIRE_GPU || "0") !== "0";
+
+// Chromium's WebGPU without a GPU: headless mode (Chromium 132 on has only the new one, which
+// playwright's `headless` asks for; a "headful" launch with --headless=new gives blank
+// screenshots) and the unsafe-WebGPU switch give an adapter on SwiftShader (no system Vulkan is
+// needed; VK_DRIVER_FILES is left alone). The page itself draws with WebGL on SwiftShader.
+const launchChromium = () =>
+  chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--enable-unsafe-webgpu",
+      "--enable-unsafe-swiftshader",
+      "--use-angle=swiftshader",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+
+// Debian's Firefox ESR through WebDriver BiDi (playwright's `moz-firefox` channel; its own
+// patched Firefox is not needed), with WebGPU turned on; its WebGPU runs on Vulkan (Mesa's
+// lavapipe without a GPU).
+const launchFirefox = () =>
+  firefox.launch({
+    channel: "moz-firefox",
+    executablePath: process.env.FIREFOX || "/usr/bin/firefox-esr",
+    headless: true,
+    firefoxUserPrefs: { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true },
+  });
+
+const failures = [];
+const checkIn = (ok, message) => {
+  if (!ok) failures.push(message);
+  console.log(`${ok ? "ok  " : "FAIL"} ${message}`);
+};
+
+const snapshot = (name) => JSON.parse(readFileSync(`${refs}/${name}`, "utf8"));
+const record = (snap) => {
+  const entry = snap.device.details.find(([key]) => key === "cachalot.run");
+  return entry ? JSON.parse(entry[1]) : null;
+};
+const marksOf = (snap) => snap.marks.map((m) => `${m.label} ${m.allocated} ${m.reserved}`);
+
+// `cachalot_trace::normalized::normalize`: addresses as (segment in creation order, offset);
+// runs of segment_free entries in segment order.
+const normalize = (trace) => {
+  const live = [];
+  let next = 0;
+  const out = [];
+  for (const e of trace) {
+    const action = String(e.action);
+    const addr = BigInt(e.addr);
+    const size = BigInt(e.size);
+    const find = () => live.findIndex(([b, s]) => addr >= b && addr < b + (s > 0n ? s : 1n));
+    let segment = null;
+    let offset = 0n;
+    if ((action === "segment_alloc" || action === "segment_map") && find() < 0) {
+      live.push([addr, size, next]);
+      segment = next++;
+    } else if (action === "oom" || action === "snapshot") {
+      segment = null;
+    } else {
+      const i = find();
+      if (i >= 0) {
+        const [b, , index] = live[i];
+        if (action === "segment_free") live.splice(i, 1);
+        segment = index;
+        offset = addr - b;
+      } else {
+        offset = addr;
+      }
+    }
+    out.push({ action, size, stream: String(e.stream), segment, offset });
+  }
+  for (let start = 0; start < out.length; ) {
+    let end = start;
+    while (end < out.length && out[end].action === "segment_free") end++;
+    const run = out.slice(start, end).sort((x, y) => (x.segment - y.segment) || (x.size < y.size ? -1 : x.size > y.size ? 1 : 0));
+    out.splice(start, run.length, ...run);
+    start = Math.max(end, start + 1);
+  }
+  return out.map((e) => `${e.action} ${e.size} s${e.stream} @${e.segment}+${e.offset}`);
+};
+const firstDifference = (a, b) => {
+  const n = Math.max(a.length, b.length);
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return `entry ${i}: ${a[i]} vs ${b[i]}`;
+  return null;
+};
+
+// One browser's checks; `full` adds the OOM, the run after it and the screenshot.
+const session = async (name, browser, full) => {
+  const check = (ok, message) => checkIn(ok, `${name}: ${message}`);
+  try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
+  const errors = [];
+  page.on("console", (m) => {
+    if (m.type() === "error") errors.push(m.text());
+  });
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await page.goto(base);
+  await page.waitForFunction(
+    () => {
+      const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
+      return s && s.adapter.state !== "pending";
+    },
+    null,
+    { timeout: 120000 },
+  );
+  const gpu = async () => JSON.parse(await page.evaluate(() => window.cachalot.gpu_status()));
+  const adapter = (await gpu()).adapter;
+  console.log(`${name}: adapter: ${JSON.stringify(adapter)}`);
+  if (adapter.state !== "ready" && name === "chromium") {
+    check(!requireGpu, `a WebGPU adapter (CACHALOT_REQUIRE_GPU=1): ${adapter.why}`);
+    if (!requireGpu) console.log("SKIP the WebGPU checks: no adapter, and CACHALOT_REQUIRE_GPU is unset");
+  } else if (adapter.state !== "ready") {
+    console.log(`SKIP ${name}: no WebGPU adapter here (${adapter.why})`);
+  } else {
+    const blank = full ? await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } }) : null;
+    const run = async (settings) => {
+      await page.evaluate((s) => window.cachalot.run_on_gpu(JSON.stringify(s)), settings);
+      const started = Date.now();
+      // Frames go on while it runs: the page answers between readbacks.
+      let frames = 0;
+      await page.waitForFunction(
+        () => {
+          const s = JSON.parse(window.cachalot.gpu_status());
+          return s.run && !s.run.running;
+        },
+        null,
+        { timeout: 400000, polling: 100 },
+      );
+      frames = await page.evaluate(() => new Promise((done) => requestAnimationFrame(() => done(1))));
+      const status = await gpu();
+      const snap = JSON.parse(await page.evaluate(() => window.cachalot.gpu_snapshot()));
+      console.log(`${settings.experiment}: ${((Date.now() - started) / 1000).toFixed(1)} s, ${status.run.entries} events`);
+      check(frames === 1, `${settings.experiment}: the page still draws frames after the run`);
+      return { status, snap };
+    };
+
+    // seeds
+    {
+      const { status, snap } = await run({ experiment: "seeds", backend: "webgpu", budget_mib: 2048 });
+      const result = status.run.result;
+      check(result && result.record.error === null, `seeds on WebGPU finished (${result && result.record.error})`);
+      check(result.record.outcome.checks.every((c) => c.passed), `seeds' checks passed: ${JSON.stringify(result.record.outcome.checks)}`);
+      const native = snapshot("seeds.wgpu.json");
+      const d = firstDifference(marksOf(snap), marksOf(native));
+      check(d === null && snap.marks.length === 12, `seeds: the ${snap.marks.length} marks equal the native wgpu run's${d ? ": " + d : ""}`);
+      const sim = snapshot("seeds.sim-wgpu.json");
+      const e = firstDifference(normalize(snap.trace), normalize(sim.trace));
+      check(e === null, `seeds: the ${snap.trace.length} allocator events equal the simulator's (wgpu profile)${e ? ": " + e : ""}`);
+      check(status.run.device_errors.length === 0, `seeds: no WebGPU errors ${JSON.stringify(status.run.device_errors)}`);
+    }
+
+    // mlp-train, 5 steps
+    {
+      const { status, snap } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 5, budget_mib: 2048 });
+      const result = status.run.result;
+      check(result && result.record.error === null, `mlp-train on WebGPU finished (${result && result.record.error})`);
+      const native = snapshot("mlp.wgpu.json");
+      const d = firstDifference(marksOf(snap), marksOf(native));
+      check(d === null && snap.marks.length > 5, `mlp-train: the ${snap.marks.length} marks equal the native wgpu run's${d ? ": " + d : ""}`);
+      const sim = snapshot("mlp.sim-wgpu.json");
+      const e = firstDifference(normalize(snap.trace), normalize(sim.trace));
+      check(e === null, `mlp-train: the ${snap.trace.length} allocator events equal the simulator's (wgpu profile)${e ? ": " + e : ""}`);
+      const got = result.record.outcome.losses;
+      const want = record(sim).outcome.losses;
+      const worst = Math.max(...want.map((w, i) => Math.abs(got[i] - w) / Math.max(Math.abs(w), 1e-30)));
+      check(got.length === 5 && want.length === 5 && worst <= 1e-4, `mlp-train: losses ${JSON.stringify(got)} equal the CPU reference's within 1e-4 relative (worst ${worst.toExponential(2)})`);
+      check(status.run.device_errors.length === 0, `mlp-train: no WebGPU errors ${JSON.stringify(status.run.device_errors)}`);
+      check(snap.segments.length > 0, `mlp-train: the end state holds ${snap.segments.length} segments`);
+      // The "Download PyTorch pickle" bytes, read by Python's pickle (no torch needed).
+      const bytes = await page.evaluate(() => Array.from(window.cachalot.gpu_pickle()));
+      const path = `${refs}/mlp.${name}.pickle`;
+      writeFileSync(path, Buffer.from(bytes));
+      const read = execFileSync("python3", [
+        "-c",
+        "import pickle, sys; d = pickle.load(open(sys.argv[1], 'rb')); print(len(d['segments']), len(d['device_traces'][0]))",
+        path,
+      ]).toString().trim();
+      check(read === `${snap.segments.length} ${snap.trace.length}`, `mlp-train: the PyTorch pickle holds the run's segments and trace (${read})`);
+    }
+
+    // Past the budget: the allocator's out-of-memory error, and the page goes on.
+    if (full) {
+      const oom = (await run({ experiment: "seeds", backend: "webgpu", budget_mib: 16 })).status;
+      const error = oom.run.result.record.error || "";
+      check(error.includes("out of memory"), `a 16 MiB budget: the allocator's OOM (${error.slice(0, 160)})`);
+      // Stop: a long run ends at the next frame, and the page goes on.
+      await page.evaluate(() => window.cachalot.run_on_gpu(JSON.stringify({ experiment: "mlp-train", backend: "webgpu", steps: 1000, budget_mib: 2048 })));
+      await page.waitForFunction(() => JSON.parse(window.cachalot.gpu_status()).run.marks >= 2, null, { timeout: 120000 });
+      await page.evaluate(() => window.cachalot.stop_gpu_run());
+      await page.waitForFunction(() => !JSON.parse(window.cachalot.gpu_status()).run.running, null, { timeout: 60000 });
+      const stopped = JSON.parse(await page.evaluate(() => window.cachalot.gpu_status())).run;
+      check(stopped.stopped && stopped.marks < 1000, `Stop ends a 1,000-step run (after ${stopped.marks} marks)`);
+      const { status } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 2, budget_mib: 2048 });
+      check(status.run.result.record.error === null, "after the OOM the page runs again");
+
+      await page.waitForTimeout(1500);
+      await page.screenshot({ path: shot });
+      const map = await page.screenshot({ clip: { x: 420, y: 300, width: 960, height: 520 } });
+      check(
+        map.length > blank.length * 1.5,
+        `the segment map shows segments after the run (picture ${map.length} bytes; before any run ${blank.length})`,
+      );
+    }
+    const panicked = await page.evaluate(() => window.cachalot.has_panicked());
+    check(!panicked, "the app did not panic");
+    check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
+  }
+  } catch (error) {
+    failures.push(`${name}: ${error}`);
+    console.log(`FAIL ${name}: ${error}`);
+  } finally {
+    await browser.close();
+  }
+};
+
+
+await session("chromium", await launchChromium(), true);
+
+// No WebGPU (Chromium without the switch, and without a GPU): the page says why, and the same
+// experiment runs on the simulator's wgpu profile, with the simulator's marks.
+{
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader", "--use-angle=swiftshader"],
+  });
+  const check = (ok, message) => checkIn(ok, `no WebGPU: ${message}`);
+  try {
+    const page = await browser.newPage();
+    await page.goto(base);
+    await page.waitForFunction(
+      () => {
+        const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
+        return s && s.adapter.state !== "pending";
+      },
+      null,
+      { timeout: 120000 },
+    );
+    const adapter = JSON.parse(await page.evaluate(() => window.cachalot.gpu_status())).adapter;
+    check(adapter.state === "missing" && adapter.why.length > 20, `the page says why (${adapter.why})`);
+    await page.evaluate(() => window.cachalot.run_on_gpu(JSON.stringify({ experiment: "seeds", backend: "sim" })));
+    await page.waitForFunction(() => !JSON.parse(window.cachalot.gpu_status()).run.running, null, { timeout: 300000 });
+    const snap = JSON.parse(await page.evaluate(() => window.cachalot.gpu_snapshot()));
+    const d = firstDifference(marksOf(snap), marksOf(snapshot("seeds.sim-wgpu.json")));
+    check(d === null && snap.marks.length === 12, `seeds on the simulator: the marks equal the native simulator's${d ? ": " + d : ""}`);
+  } catch (error) {
+    failures.push(`no WebGPU: ${error}`);
+    console.log(`FAIL no WebGPU: ${error}`);
+  } finally {
+    await browser.close();
+  }
+}
+// Firefox where it runs here: a browser that does not start, or has no WebGPU adapter, is
+// reported and skipped (never counted as passed); checks of a run that started must pass.
+let firefoxBrowser = null;
+try {
+  firefoxBrowser = await launchFirefox();
+} catch (error) {
+  console.log(`SKIP firefox: it does not start here (${String(error).split("\n")[0]})`);
+}
+if (firefoxBrowser) await session("firefox", firefoxBrowser, false);
+
+console.log(`webgpu: ${failures.length === 0 ? "passed" : `${failures.length} failed`}`);
+process.exit(failures.length === 0 ? 0 : 1);
