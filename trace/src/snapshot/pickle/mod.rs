@@ -106,6 +106,16 @@ pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnap
         Ok(end) => end,
         Err(error) => return deliver(Err(error)),
     };
+    match stream::read(&bytes[..end], bytes.len()) {
+        Ok(snapshot) => deliver(Ok(snapshot)),
+        Err(stream::Unusual) => read_graph_then(bytes, end, deliver),
+    }
+}
+
+/// The general reader: the `pickled` crate's value graph of `bytes[..end]` (a pickle the guard
+/// passed), converted by [`Reader`]. It reads every pickle the guard passes, and is the one
+/// that names what is wrong and where.
+fn read_graph_then<T>(bytes: &[u8], end: usize, deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
     // The guard has rejected every pickle that could build a recursive structure, so the
     // crate's own cycle-breaking walk over the graph (a third of its decode) is not needed.
     let options = DeOptions::new().decode_utf8().assume_acyclic();
@@ -132,6 +142,7 @@ mod guard;
 mod op;
 mod place;
 mod read;
+mod stream;
 mod write;
 
 use guard::Guard;
