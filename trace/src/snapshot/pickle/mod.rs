@@ -4,7 +4,7 @@
 //! plain dicts, lists, tuples, strings, ints, floats and bools, where the frame lists and frame
 //! dicts are shared between thousands of entries (memoised once, referenced again with `BINGET`).
 //!
-//! **Reading** goes through three steps:
+//! **Reading** goes through two steps:
 //! 1. `Guard` scans the opcodes once, without building anything, and refuses what is not
 //!    snapshot data or would hurt us: object/class opcodes, truncation, memo ids beyond the
 //!    file, nesting deeper than [`MAX_NESTING`], self-referencing containers, and shared-tuple
@@ -12,12 +12,17 @@
 //!    byte can make the `pickled` crate allocate 30 GB (a `LONG_BINPUT` id), overflow the stack
 //!    (50,000 nested lists) or loop for hours (a tuple of itself, doubled 40 times) — aborts
 //!    that no `Result` or `catch_unwind` can turn into an error.
-//! 2. `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph.
-//!    `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with "recursive structure
-//!    found" on every one of them, or replaces the shared values by `None`.
-//! 3. `Reader` turns the graph into a [`TorchSnapshot`], interning each shared frame list once
-//!    by its identity, and names the place of anything that does not fit
-//!    (`device_traces[0][1234].size: expected an integer, found a string`).
+//! 2. `stream` runs the pickle machine once more and builds the [`TorchSnapshot`] directly:
+//!    each container is typed by its place when it is created (an entry, a frame list...),
+//!    frame lists are interned once by their memo identity, and an entry's fields are freed as
+//!    soon as it is in its trace. It reads what Python's pickler writes (protocol 2 and up);
+//!    anything else, and anything that is not a snapshot, it hands to the general reader:
+//!    `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph and
+//!    `Reader` turns it into a [`TorchSnapshot`], naming the place of anything that does not
+//!    fit (`device_traces[0][1234].size: expected an integer, found a string`). Both give the
+//!    same snapshot wherever both read (tested on the reference traces and on every one-byte
+//!    change of one). `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with
+//!    "recursive structure found" on every one of them, or replaces the shared values by `None`.
 //!
 //! **Writing** emits protocol 4 directly, with exactly PyTorch's keys (in PyTorch's order) and
 //! value types, sharing each stack, frame dict and string through the memo the way Python's
@@ -94,13 +99,13 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
     read_snapshot_then(bytes, |result| result)
 }
 
-/// Reads like [`read_snapshot`], handing the result to `deliver` before the value graph the
-/// pickle crate built is freed, and returns what `deliver` returns.
+/// Reads like [`read_snapshot`], handing the result to `deliver` before the reader's own
+/// memory is freed, and returns what `deliver` returns.
 ///
-/// Freeing that graph takes a noticeable share of the read for a large file (BENCHMARKS.md, the
-/// viewer's opening of the 3,000,000-entry pickle): a caller with more work to do can start it
-/// on another thread from `deliver` and let the freeing overlap it. (The graph is not `Send`, so
-/// it must be freed on the thread that built it.)
+/// Only a pickle that goes to the general reader (see the module doc) has much to free: the
+/// value graph the pickle crate built, which is not `Send` and so is freed on the thread that
+/// built it. A caller with more work to do can start it on another thread from `deliver` and
+/// let that freeing overlap it.
 pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
     let end = match Guard::new(bytes).scan() {
         Ok(end) => end,
@@ -129,6 +134,16 @@ fn read_graph_then<T>(bytes: &[u8], end: usize, deliver: impl FnOnce(Result<Torc
     let delivered = deliver(Reader::new(bytes.len()).root(&root));
     drop(root);
     delivered
+}
+
+/// Reads like [`read_snapshot`], but always through the general reader: the `pickled` crate's
+/// value graph, converted afterwards. [`read_snapshot`] gives the same snapshot or the same
+/// error, faster; this one is kept public so benchmarks and fuzz targets can compare the two.
+pub fn read_snapshot_general(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
+    match Guard::new(bytes).scan() {
+        Ok(end) => read_graph_then(bytes, end, |result| result),
+        Err(error) => Err(error),
+    }
 }
 
 /// Writes `snapshot` as PyTorch writes it (protocol 4).

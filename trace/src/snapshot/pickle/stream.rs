@@ -730,8 +730,9 @@ impl<'b> Stream<'b> {
         };
         let segment_pool_id = match segment_pool_id {
             None => (0, 0),
-            Some(pair) => match self.take_data(pair)? {
-                Data::Items(items) => match items[..] {
+            // Read in place: one tuple may be shared by many segments.
+            Some(pair) => match self.node(pair).map(|n| &n.data) {
+                Some(Data::Items(items)) => match items[..] {
                     [a, b] => (self.i64(Some(a))?.ok_or(Unusual)?, self.i64(Some(b))?.ok_or(Unusual)?),
                     _ => return Err(Unusual),
                 },
@@ -1107,7 +1108,7 @@ mod tests {
 
     /// The general reader's snapshot (the `pickled` graph, converted by `Reader`).
     fn graph(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
-        read_graph_then(bytes, guarded(bytes), |result| result)
+        read_snapshot_general(bytes)
     }
 
     fn streamed(bytes: &[u8], name: &str) -> TorchSnapshot {
