@@ -107,13 +107,37 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
 /// built it. A caller with more work to do can start it on another thread from `deliver` and
 /// let that freeing overlap it.
 pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
-    let end = match Guard::new(bytes).scan() {
+    let (guarded, streamed) = guard_and_stream(bytes);
+    let end = match guarded {
         Ok(end) => end,
         Err(error) => return deliver(Err(error)),
     };
-    match stream::read(&bytes[..end], bytes.len()) {
+    match streamed {
         Ok(snapshot) => deliver(Ok(snapshot)),
         Err(stream::Unusual) => read_graph_then(bytes, end, deliver),
+    }
+}
+
+/// The guard's verdict and the streaming reader's snapshot of `bytes`. Natively the two run
+/// side by side on two threads: the streaming reader needs no guard to stay safe (it builds no
+/// graph, recurses nowhere, and its memory and work grow with the input: see its module doc),
+/// and its result is only used once the guard has passed the pickle.
+fn guard_and_stream(bytes: &[u8]) -> (Result<usize, PickleError>, Result<TorchSnapshot, stream::Unusual>) {
+    #[cfg(not(target_family = "wasm"))]
+    {
+        std::thread::scope(|scope| {
+            let guard = scope.spawn(|| Guard::new(bytes).scan());
+            let streamed = stream::read(bytes, bytes.len());
+            let guarded = guard.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (guarded, streamed)
+        })
+    }
+    #[cfg(target_family = "wasm")]
+    {
+        match Guard::new(bytes).scan() {
+            Ok(end) => (Ok(end), stream::read(&bytes[..end], bytes.len())),
+            Err(error) => (Err(error), Err(stream::Unusual)),
+        }
     }
 }
 

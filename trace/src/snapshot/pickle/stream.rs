@@ -1,6 +1,6 @@
 //! Streaming: opcodes → TorchSnapshot, without a value graph
 //!
-//! Runs the pickle machine once more after the guard, but its values are the snapshot's own:
+//! Runs the pickle machine beside the guard, but its values are the snapshot's own:
 //! scalars stay on the stack (strings as places in the input), and each container is typed the
 //! moment it is created by the role its parent gives it there (a trace entry, a stack, a
 //! segment...). Python's pickler creates every container before its items and fills it at
@@ -15,9 +15,12 @@
 //! `pickled` crate's graph and [`super::Reader`]) reads the file instead: it gives the same
 //! snapshot, or names the error and its place. So this reader never decides an error.
 //!
-//! It only runs on pickles the [`super::Guard`] has passed: nesting, memo ids and work are
-//! bounded there, and no container is changed after it was placed (so each is complete when
-//! it is converted). It still never panics on what the guard let through.
+//! Its result is used only when the [`super::Guard`] passes the pickle (then no container was
+//! changed after it was placed, so each is complete when it is converted), but it runs on any
+//! input without the guard's help, so the two can run at once: it never recurses or panics,
+//! builds no graph, and its work and memory grow linearly with the input (every item is
+//! converted where it is placed, each list, segment or entry at most once, and each frame
+//! list interned once however often it is shared).
 
 use super::*;
 use cachalot_core::trace::AnnotationId;
@@ -201,7 +204,7 @@ enum Data {
     Frames(Vec<Frame>),
     Interned(ContextId),
     /// A frame dict after its first use (frame dicts are shared between stacks too).
-    Frame(Frame),
+    Frame(Box<Frame>),
     Traces(Vec<Vec<TraceEntry>>),
     Trace(Vec<TraceEntry>),
     Annotations(Vec<ExternalAnnotation>),
@@ -221,6 +224,8 @@ struct KeyHit {
     start: u32,
     role: Role,
     field: Option<u8>,
+    /// The role of the value under this key.
+    child: Role,
 }
 
 const KEY_CACHE: usize = 256;
@@ -233,6 +238,9 @@ pub(super) struct Stream<'b> {
     memo: Vec<Option<Val>>,
     nodes: Vec<Node>,
     scratch: Vec<Val>,
+    /// Field boxes of dicts already converted, reused: one allocation per dict alive at once,
+    /// not per dict.
+    spare: Vec<Box<[Option<Val>; MAX_FIELDS]>>,
     keys: [Option<KeyHit>; KEY_CACHE],
     /// Stacks and annotations in the order this reader meets them; [`Stream::finish`]
     /// re-interns them in the general reader's order so the ids come out the same.
@@ -255,6 +263,7 @@ pub(super) fn read(bytes: &[u8], input_len: usize) -> Flow<TorchSnapshot> {
         memo: Vec::new(),
         nodes: Vec::new(),
         scratch: Vec::new(),
+        spare: Vec::new(),
         keys: [None; KEY_CACHE],
         contexts: ContextTable::default(),
         names: FxHashSet::default(),
@@ -333,6 +342,21 @@ impl<'b> Stream<'b> {
         self.stack.last().copied().ok_or(Unusual)
     }
 
+    /// APPENDS and SETITEMS: closes the innermost MARK and runs `fill` on the container below
+    /// it with the items above it, read in place, then drops them.
+    fn marked(&mut self, fill: fn(&mut Self, Val, &[Val]) -> Flow<()>) -> Flow<()> {
+        let mark = self.marks.pop().ok_or(Unusual)?;
+        if mark == 0 || mark - 1 < self.base() || mark > self.stack.len() {
+            return Err(Unusual);
+        }
+        let target = self.stack[mark - 1];
+        let mut stack = std::mem::take(&mut self.stack);
+        let result = fill(self, target, &stack[mark..]);
+        stack.truncate(mark);
+        self.stack = stack;
+        result
+    }
+
     /// Moves the items above the innermost MARK into the scratch buffer.
     fn pop_mark(&mut self) -> Flow<Vec<Val>> {
         let mark = self.marks.pop().ok_or(Unusual)?;
@@ -356,26 +380,28 @@ impl<'b> Stream<'b> {
         }
     }
 
-    /// Which field of `role` the key `key` names (`None`: one the snapshot does not read).
-    fn field_index(&mut self, role: Role, key: Val) -> Flow<Option<usize>> {
+    /// Which field of `role` the key `key` names (`None`: one the snapshot does not read), and
+    /// the role of the value under it.
+    fn field_and_role(&mut self, role: Role, key: Val) -> Flow<(Option<usize>, Role)> {
         let Val::Str { start, .. } = key else {
             // Only string keys are fields; the intervals dict has nothing but.
-            return if role == Role::Divisions { Err(Unusual) } else { Ok(None) };
+            return if role == Role::Divisions { Err(Unusual) } else { Ok((None, Role::Ignored)) };
         };
         let slot = start as usize % KEY_CACHE;
         if let Some(hit) = self.keys[slot]
             && hit.start == start
             && hit.role == role
         {
-            return Ok(hit.field.map(usize::from));
+            return Ok((hit.field.map(usize::from), hit.child));
         }
         let text = self.text(key)?;
         let field = role.fields().iter().position(|name| *name == text);
         if role == Role::Divisions && field.is_none() {
             return Err(Unusual);
         }
-        self.keys[slot] = Some(KeyHit { start, role, field: field.map(|f| f as u8) });
-        Ok(field)
+        let child = role.field(field);
+        self.keys[slot] = Some(KeyHit { start, role, field: field.map(|f| f as u8), child });
+        Ok((field, child))
     }
 
     /// The role a container created now gets: as an item of the container just below it on
@@ -404,7 +430,7 @@ impl<'b> Stream<'b> {
                 && matches!(top, Val::Str { .. })
             {
                 let role = node.role;
-                below = Some(role.field(self.field_index(role, top)?));
+                below = Some(self.field_and_role(role, top)?.1);
             }
         }
         let mut owner = None;
@@ -415,7 +441,7 @@ impl<'b> Stream<'b> {
             let role = node.role;
             match node.kind {
                 Kind::List => owner = Some(role.item()),
-                Kind::Dict if above % 2 == 1 => owner = Some(role.field(self.field_index(role, self.stack[len - 1])?)),
+                Kind::Dict if above % 2 == 1 => owner = Some(self.field_and_role(role, self.stack[len - 1])?.1),
                 _ => {}
             }
         }
@@ -433,7 +459,7 @@ impl<'b> Stream<'b> {
             | Role::Entry
             | Role::Settings
             | Role::Divisions
-            | Role::Annotation => Data::Fields(Box::new([None; MAX_FIELDS])),
+            | Role::Annotation => Data::Fields(self.spare.pop().unwrap_or_else(|| Box::new([None; MAX_FIELDS]))),
             Role::Segments => Data::Segments(Vec::new()),
             Role::Blocks => Data::Blocks(Vec::new()),
             Role::Stack => Data::Frames(Vec::new()),
@@ -528,8 +554,8 @@ impl<'b> Stream<'b> {
             return Ok(());
         }
         for pair in pairs.chunks_exact(2) {
-            let field = self.field_index(role, pair[0])?;
-            self.check_role(pair[1], role.field(field))?;
+            let (field, child) = self.field_and_role(role, pair[0])?;
+            self.check_role(pair[1], child)?;
             let Some(field) = field else { continue };
             let Data::Fields(fields) = &mut self.nodes[index as usize].data else { return Err(Unusual) };
             // A key given twice: the general reader decides which one counts.
@@ -550,12 +576,17 @@ impl<'b> Stream<'b> {
         }
     }
 
-    fn fields(&mut self, val: Val, role: Role) -> Flow<Box<[Option<Val>; MAX_FIELDS]>> {
+    /// A dict's fields, moved out; its box goes back to [`Stream::spare`] for the next dict.
+    fn fields(&mut self, val: Val, role: Role) -> Flow<[Option<Val>; MAX_FIELDS]> {
         if self.node(val).is_none_or(|n| n.role != role || n.kind != Kind::Dict) {
             return Err(Unusual);
         }
         match self.take_data(val)? {
-            Data::Fields(fields) => Ok(fields),
+            Data::Fields(mut boxed) => {
+                let fields = std::mem::replace(&mut *boxed, [None; MAX_FIELDS]);
+                self.spare.push(boxed);
+                Ok(fields)
+            }
             _ => Err(Unusual),
         }
     }
@@ -627,16 +658,16 @@ impl<'b> Stream<'b> {
 
     fn frame(&mut self, val: Val) -> Flow<Frame> {
         if let Some(Node { data: Data::Frame(frame), role: Role::Frame, .. }) = self.node(val) {
-            return Ok(frame.clone());
+            return Ok(Frame::clone(frame));
         }
-        let [filename, line, name, ..] = *self.fields(val, Role::Frame)?;
+        let [filename, line, name, ..] = self.fields(val, Role::Frame)?;
         let frame = Frame {
             filename: self.name(self.str(filename)?.ok_or(Unusual)?),
             line: self.i64(line)?.ok_or(Unusual)?,
             name: self.name(self.str(name)?.ok_or(Unusual)?),
         };
         if let Val::Node(index) = val {
-            self.nodes[index as usize].data = Data::Frame(frame.clone());
+            self.nodes[index as usize].data = Data::Frame(Box::new(frame.clone()));
         }
         Ok(frame)
     }
@@ -652,7 +683,7 @@ impl<'b> Stream<'b> {
 
     fn entry(&mut self, val: Val) -> Flow<TraceEntry> {
         let [action, addr, device_free, size, stream, time_us, frames, compile_context, user_metadata, ..] =
-            *self.fields(val, Role::Entry)?;
+            self.fields(val, Role::Entry)?;
         let action = TraceAction::from_name(self.str(action)?.ok_or(Unusual)?).ok_or(Unusual)?;
         // An `oom` entry keeps the device's free bytes under `device_free` instead of `addr`.
         let addr = match (action, device_free) {
@@ -674,7 +705,7 @@ impl<'b> Stream<'b> {
     }
 
     fn block(&mut self, val: Val) -> Flow<PendingBlock> {
-        let [address, size, requested_size, state, frames, ..] = *self.fields(val, Role::Block)?;
+        let [address, size, requested_size, state, frames, ..] = self.fields(val, Role::Block)?;
         let size = self.u64(size)?.ok_or(Unusual)?;
         Ok(PendingBlock {
             address: self.u64(address)?,
@@ -700,7 +731,7 @@ impl<'b> Stream<'b> {
             frames,
             blocks,
             ..,
-        ] = *self.fields(val, Role::Segment)?;
+        ] = self.fields(val, Role::Segment)?;
         let address = self.u64(address)?.ok_or(Unusual)?;
         let total_size = self.u64(total_size)?.ok_or(Unusual)?;
         let frames = self.stack_or_none(frames)?;
@@ -765,7 +796,7 @@ impl<'b> Stream<'b> {
     }
 
     fn annotation(&mut self, val: Val) -> Flow<ExternalAnnotation> {
-        let [stage, name, device, time_us, ..] = *self.fields(val, Role::Annotation)?;
+        let [stage, name, device, time_us, ..] = self.fields(val, Role::Annotation)?;
         Ok(ExternalAnnotation {
             stage: self.str(stage)?.unwrap_or_default().to_owned(),
             name: self.str(name)?.unwrap_or_default().to_owned(),
@@ -786,7 +817,7 @@ impl<'b> Stream<'b> {
             record_stream_reuse,
             divisions,
             ..,
-        ] = *self.fields(val, Role::Settings)?;
+        ] = self.fields(val, Role::Settings)?;
         let roundup_power2_divisions = match divisions {
             None => [0; ROUNDUP_INTERVALS],
             Some(divisions) => {
@@ -826,7 +857,7 @@ impl<'b> Stream<'b> {
                 ..TorchSnapshot::default()
             });
         }
-        let [segments, device_traces, allocator_settings, external_annotations, ..] = *self.fields(root, Role::Root)?;
+        let [segments, device_traces, allocator_settings, external_annotations, ..] = self.fields(root, Role::Root)?;
         let Data::Segments(segments) = self.take_data(segments.ok_or(Unusual)?)? else { return Err(Unusual) };
         let device_traces = match device_traces {
             None => Vec::new(),
@@ -995,24 +1026,14 @@ impl<'b> Stream<'b> {
                     let target = self.top()?;
                     self.append(target, &[item])?;
                 }
-                op::APPENDS => {
-                    let items = self.pop_mark()?;
-                    let result = self.top().and_then(|target| self.append(target, &items));
-                    self.scratch = items;
-                    result?;
-                }
+                op::APPENDS => self.marked(Self::append)?,
                 op::SETITEM => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let target = self.top()?;
                     self.set_items(target, &[key, value])?;
                 }
-                op::SETITEMS => {
-                    let items = self.pop_mark()?;
-                    let result = self.top().and_then(|target| self.set_items(target, &items));
-                    self.scratch = items;
-                    result?;
-                }
+                op::SETITEMS => self.marked(Self::set_items)?,
                 op::LIST | op::DICT | op::TUPLE | op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let items = match code {
                         op::LIST | op::DICT | op::TUPLE => self.pop_mark()?,
