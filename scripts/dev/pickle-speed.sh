@@ -5,7 +5,8 @@
 #   scripts/dev/pickle-speed.sh [ENTRIES...]     # default: 3000000 10000000
 #
 # For each size it writes a synthetic snapshot (trace/examples/synthetic_trace.rs) to $TMPDIR,
-# then runs, ROUNDS times in turn (default 2), under /usr/bin/time (wall seconds, peak RSS):
+# then runs, ROUNDS times in turn (default 2), under /usr/bin/time (wall seconds, CPU seconds
+# (user + system: the fairer figure while other jobs share the cores), peak RSS):
 #   python    python3 -c "import pickle; pickle.load(open(F, 'rb'))"   (the C unpickler)
 #   general   read_pickle --general F    the reader before issue 22: pickled's value graph, converted
 #   stream    read_pickle F              the streaming reader (what cachalot uses)
@@ -30,7 +31,7 @@ bin=$root/target/release
 commands=(python general stream replay)
 [[ ${VIEW:-1} == 0 ]] || commands+=(view)
 
-run() { # NAME FILE -> "seconds kilobytes" of the command NAME on FILE
+run() { # NAME FILE -> "wall-seconds kilobytes cpu-seconds" of the command NAME on FILE
     local name=$1 file=$2
     local cmd
     case $name in
@@ -40,25 +41,26 @@ run() { # NAME FILE -> "seconds kilobytes" of the command NAME on FILE
         replay) cmd=("$bin/cachalot" replay "$file") ;;
         view) cmd=("$bin/cachalot" view "$file" --screenshot "$tmp/first-frame.png") ;;
     esac
-    /usr/bin/time -f "%e %M" -o "$tmp/time" "${cmd[@]}" >/dev/null 2>"$tmp/stderr" || {
+    /usr/bin/time -f "%e %M %U %S" -o "$tmp/time" "${cmd[@]}" >/dev/null 2>"$tmp/stderr" || {
         echo "pickle-speed.sh: $name failed:" >&2
         cat "$tmp/stderr" >&2
         exit 1
     }
-    cat "$tmp/time"
+    awk '{ printf "%s %s %.2f\n", $1, $2, $3 + $4 }' "$tmp/time"
 }
 
-declare -A best_s best_kb
+declare -A best_s best_kb best_cpu
 for entries in "${sizes[@]}"; do
     file=$tmp/trace-$entries.pickle
     "$bin/examples/synthetic_trace" "$entries" "$file" 2>/dev/null
     for _ in $(seq "$rounds"); do
         for name in "${commands[@]}"; do
-            read -r s kb < <(run "$name" "$file")
+            read -r s kb cpu < <(run "$name" "$file")
             key=$name/$entries
             if [[ -z ${best_s[$key]:-} ]] || awk -v a="$s" -v b="${best_s[$key]}" 'BEGIN { exit !(a < b) }'; then
                 best_s[$key]=$s
                 best_kb[$key]=$kb
+                best_cpu[$key]=$cpu
             fi
         done
     done
@@ -67,21 +69,21 @@ for entries in "${sizes[@]}"; do
 done
 
 first=${sizes[0]}
-echo "$(nproc) cores, $(date -u +%Y-%m-%d), best of $rounds rounds"
+echo "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%d), best wall time of $rounds rounds"
 echo
-echo "| entries (file) | command | wall s | × python | peak MB | × python | time × ${first} | memory × ${first} |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| entries (file) | command | wall s | × python | CPU s | × python | peak MB | × python | wall, CPU, memory × ${first} |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for entries in "${sizes[@]}"; do
     mb=$(awk -v b="${best_kb[size/$entries]}" 'BEGIN { printf "%.0f", b / 1e6 }')
     for name in "${commands[@]}"; do
         key=$name/$entries
-        awk -v e="$entries ($mb MB)" -v n="$name" -v s="${best_s[$key]}" -v kb="${best_kb[$key]}" \
-            -v ps="${best_s[python/$entries]}" -v pkb="${best_kb[python/$entries]}" \
-            -v fs="${best_s[$name/$first]}" -v fkb="${best_kb[$name/$first]}" -v same="$([[ $entries == "$first" ]] && echo 1 || echo 0)" \
+        awk -v e="$entries ($mb MB)" -v n="$name" -v s="${best_s[$key]}" -v kb="${best_kb[$key]}" -v c="${best_cpu[$key]}" \
+            -v ps="${best_s[python/$entries]}" -v pkb="${best_kb[python/$entries]}" -v pc="${best_cpu[python/$entries]}" \
+            -v fs="${best_s[$name/$first]}" -v fkb="${best_kb[$name/$first]}" -v fc="${best_cpu[$name/$first]}" \
+            -v same="$([[ $entries == "$first" ]] && echo 1 || echo 0)" \
             'BEGIN {
-                growth = same ? "" : sprintf("%.2f | %.2f", s / fs, kb / fkb)
-                if (same) growth = " | "
-                printf "| %s | %s | %.2f | %.2f | %.0f | %.2f | %s |\n", e, n, s, s / ps, kb / 1024, kb / pkb, growth
+                growth = same ? "" : sprintf("%.2f, %.2f, %.2f", s / fs, c / fc, kb / fkb)
+                printf "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f | %s |\n", e, n, s, s / ps, c, c / pc, kb / 1024, kb / pkb, growth
             }'
     done
 done

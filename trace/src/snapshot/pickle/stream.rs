@@ -240,6 +240,7 @@ pub(super) struct Stream<'b> {
     scratch: Vec<Val>,
     /// Field boxes of dicts already converted, reused: one allocation per dict alive at once,
     /// not per dict.
+    #[allow(clippy::vec_box, reason = "the boxes move in and out of `Data::Fields`, which they keep small")]
     spare: Vec<Box<[Option<Val>; MAX_FIELDS]>>,
     keys: [Option<KeyHit>; KEY_CACHE],
     /// Stacks and annotations in the order this reader meets them; [`Stream::finish`]
