@@ -118,26 +118,26 @@ pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnap
     }
 }
 
-/// The guard's verdict and the streaming reader's snapshot of `bytes`. Natively the two run
-/// side by side on two threads: the streaming reader needs no guard to stay safe (it builds no
-/// graph, recurses nowhere, and its memory and work grow with the input: see its module doc),
-/// and its result is only used once the guard has passed the pickle.
+/// The guard's verdict and the streaming reader's snapshot of `bytes`. Natively, for a large
+/// file, the two run side by side on two threads: the streaming reader needs no guard to stay
+/// safe (it builds no graph, recurses nowhere, and its memory and work grow with the input: see
+/// its module doc), and its result is only used once the guard has passed the pickle.
 fn guard_and_stream(bytes: &[u8]) -> (Result<usize, PickleError>, Result<TorchSnapshot, stream::Unusual>) {
+    // Below this size a thread's start costs more than it saves (`cargo bench --bench pickle`).
     #[cfg(not(target_family = "wasm"))]
-    {
-        std::thread::scope(|scope| {
+    const SIDE_BY_SIDE_FROM: usize = 4 << 20;
+    #[cfg(not(target_family = "wasm"))]
+    if bytes.len() >= SIDE_BY_SIDE_FROM {
+        return std::thread::scope(|scope| {
             let guard = scope.spawn(|| Guard::new(bytes).scan());
             let streamed = stream::read(bytes, bytes.len());
             let guarded = guard.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             (guarded, streamed)
-        })
+        });
     }
-    #[cfg(target_family = "wasm")]
-    {
-        match Guard::new(bytes).scan() {
-            Ok(end) => (Ok(end), stream::read(&bytes[..end], bytes.len())),
-            Err(error) => (Err(error), Err(stream::Unusual)),
-        }
+    match Guard::new(bytes).scan() {
+        Ok(end) => (Ok(end), stream::read(&bytes[..end], bytes.len())),
+        Err(error) => (Err(error), Err(stream::Unusual)),
     }
 }
 

@@ -1248,6 +1248,31 @@ mod tests {
         assert!(streamed_count > 500 && handed_over > 50, "{streamed_count} streamed, {handed_over} handed over");
     }
 
+    /// Files from 4 MiB on are read with the guard on a second thread.
+    #[test]
+    fn a_large_pickle_reads_the_same_with_the_guard_beside_the_reader() {
+        let bytes = std::fs::read(Path::new(TRACES).join("random_stress_maxsplit.pickle")).expect("reads");
+        let mut snapshot = graph(&bytes).expect("reads");
+        let trace = snapshot.device_traces[0].clone();
+        for _ in 0..3 {
+            snapshot.device_traces[0].extend_from_slice(&trace);
+        }
+        let large = write_snapshot(&snapshot).expect("writes");
+        assert!(large.len() >= 4 << 20, "{} bytes", large.len());
+        let read = read_snapshot(&large).expect("reads");
+        assert_same(&read, &graph(&large).expect("reads"), "four times random_stress_maxsplit");
+        assert_eq!(read.device_traces[0].len(), 4 * trace.len());
+        // The guard's verdict wins over what the streaming reader made of the same bytes.
+        let mut corrupt = large[..large.len() - 1].to_vec();
+        corrupt.extend_from_slice(b"cos\nsystem\n.");
+        match read_snapshot(&corrupt) {
+            Err(e @ PickleError::Malformed { .. }) => {
+                assert!(e.to_string().starts_with(&format!("byte {}: GLOBAL", large.len() - 1)), "{e}")
+            }
+            other => panic!("{:?}", other.map(|_| "a snapshot")),
+        }
+    }
+
     #[test]
     fn errors_of_truncated_and_corrupt_pickles_name_their_byte() {
         let bytes = std::fs::read(Path::new(TRACES).join("multistream.pickle")).expect("reads");
