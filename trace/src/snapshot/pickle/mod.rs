@@ -4,7 +4,7 @@
 //! plain dicts, lists, tuples, strings, ints, floats and bools, where the frame lists and frame
 //! dicts are shared between thousands of entries (memoised once, referenced again with `BINGET`).
 //!
-//! **Reading** goes through three steps:
+//! **Reading** goes through two steps:
 //! 1. `Guard` scans the opcodes once, without building anything, and refuses what is not
 //!    snapshot data or would hurt us: object/class opcodes, truncation, memo ids beyond the
 //!    file, nesting deeper than [`MAX_NESTING`], self-referencing containers, and shared-tuple
@@ -12,12 +12,17 @@
 //!    byte can make the `pickled` crate allocate 30 GB (a `LONG_BINPUT` id), overflow the stack
 //!    (50,000 nested lists) or loop for hours (a tuple of itself, doubled 40 times) — aborts
 //!    that no `Result` or `catch_unwind` can turn into an error.
-//! 2. `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph.
-//!    `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with "recursive structure
-//!    found" on every one of them, or replaces the shared values by `None`.
-//! 3. `Reader` turns the graph into a [`TorchSnapshot`], interning each shared frame list once
-//!    by its identity, and names the place of anything that does not fit
-//!    (`device_traces[0][1234].size: expected an integer, found a string`).
+//! 2. `stream` runs the pickle machine once more and builds the [`TorchSnapshot`] directly:
+//!    each container is typed by its place when it is created (an entry, a frame list...),
+//!    frame lists are interned once by their memo identity, and an entry's fields are freed as
+//!    soon as it is in its trace. It reads what Python's pickler writes (protocol 2 and up);
+//!    anything else, and anything that is not a snapshot, it hands to the general reader:
+//!    `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph and
+//!    `Reader` turns it into a [`TorchSnapshot`], naming the place of anything that does not
+//!    fit (`device_traces[0][1234].size: expected an integer, found a string`). Both give the
+//!    same snapshot wherever both read (tested on the reference traces and on every one-byte
+//!    change of one). `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with
+//!    "recursive structure found" on every one of them, or replaces the shared values by `None`.
 //!
 //! **Writing** emits protocol 4 directly, with exactly PyTorch's keys (in PyTorch's order) and
 //! value types, sharing each stack, frame dict and string through the memo the way Python's
@@ -94,18 +99,52 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
     read_snapshot_then(bytes, |result| result)
 }
 
-/// Reads like [`read_snapshot`], handing the result to `deliver` before the value graph the
-/// pickle crate built is freed, and returns what `deliver` returns.
+/// Reads like [`read_snapshot`], handing the result to `deliver` before the reader's own
+/// memory is freed, and returns what `deliver` returns.
 ///
-/// Freeing that graph takes a noticeable share of the read for a large file (BENCHMARKS.md, the
-/// viewer's opening of the 3,000,000-entry pickle): a caller with more work to do can start it
-/// on another thread from `deliver` and let the freeing overlap it. (The graph is not `Send`, so
-/// it must be freed on the thread that built it.)
+/// Only a pickle that goes to the general reader (see the module doc) has much to free: the
+/// value graph the pickle crate built, which is not `Send` and so is freed on the thread that
+/// built it. A caller with more work to do can start it on another thread from `deliver` and
+/// let that freeing overlap it.
 pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
-    let end = match Guard::new(bytes).scan() {
+    let (guarded, streamed) = guard_and_stream(bytes);
+    let end = match guarded {
         Ok(end) => end,
         Err(error) => return deliver(Err(error)),
     };
+    match streamed {
+        Ok(snapshot) => deliver(Ok(snapshot)),
+        Err(stream::Unusual) => read_graph_then(bytes, end, deliver),
+    }
+}
+
+/// The guard's verdict and the streaming reader's snapshot of `bytes`. Natively, for a large
+/// file, the two run side by side on two threads: the streaming reader needs no guard to stay
+/// safe (it builds no graph, recurses nowhere, and its memory and work grow with the input: see
+/// its module doc), and its result is only used once the guard has passed the pickle.
+fn guard_and_stream(bytes: &[u8]) -> (Result<usize, PickleError>, Result<TorchSnapshot, stream::Unusual>) {
+    // Below this size a thread's start costs more than it saves (`cargo bench --bench pickle`).
+    #[cfg(not(target_family = "wasm"))]
+    const SIDE_BY_SIDE_FROM: usize = 4 << 20;
+    #[cfg(not(target_family = "wasm"))]
+    if bytes.len() >= SIDE_BY_SIDE_FROM {
+        return std::thread::scope(|scope| {
+            let guard = scope.spawn(|| Guard::new(bytes).scan());
+            let streamed = stream::read(bytes, bytes.len());
+            let guarded = guard.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (guarded, streamed)
+        });
+    }
+    match Guard::new(bytes).scan() {
+        Ok(end) => (Ok(end), stream::read(&bytes[..end], bytes.len())),
+        Err(error) => (Err(error), Err(stream::Unusual)),
+    }
+}
+
+/// The general reader: the `pickled` crate's value graph of `bytes[..end]` (a pickle the guard
+/// passed), converted by [`Reader`]. It reads every pickle the guard passes, and is the one
+/// that names what is wrong and where.
+fn read_graph_then<T>(bytes: &[u8], end: usize, deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
     // The guard has rejected every pickle that could build a recursive structure, so the
     // crate's own cycle-breaking walk over the graph (a third of its decode) is not needed.
     let options = DeOptions::new().decode_utf8().assume_acyclic();
@@ -121,6 +160,16 @@ pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnap
     delivered
 }
 
+/// Reads like [`read_snapshot`], but always through the general reader: the `pickled` crate's
+/// value graph, converted afterwards. [`read_snapshot`] gives the same snapshot or the same
+/// error, faster; this one is kept public so benchmarks and fuzz targets can compare the two.
+pub fn read_snapshot_general(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
+    match Guard::new(bytes).scan() {
+        Ok(end) => read_graph_then(bytes, end, |result| result),
+        Err(error) => Err(error),
+    }
+}
+
 /// Writes `snapshot` as PyTorch writes it (protocol 4).
 pub fn write_snapshot(snapshot: &TorchSnapshot) -> Result<Vec<u8>, PickleError> {
     let mut writer = Writer::new(&snapshot.contexts);
@@ -132,6 +181,7 @@ mod guard;
 mod op;
 mod place;
 mod read;
+mod stream;
 mod write;
 
 use guard::Guard;
