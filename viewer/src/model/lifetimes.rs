@@ -273,6 +273,12 @@ impl Lifetimes {
     /// The stacked picture of positions `range` on `columns` pixel columns, where a pixel is
     /// `bytes_per_pixel` high. `active` (the run's active bytes at every position) picks the
     /// moment each column shows: the one of its span with the most active bytes.
+    ///
+    /// The columns' moments increase, so the live list is carried from one column to the next:
+    /// allocations made in between are appended (they come last in allocation order) and those
+    /// that ended are dropped while the column is stacked. The cost is the columns times the
+    /// allocations live, plus the allocations made in the range — not the entries × live of a
+    /// fresh query per column.
     pub fn layout(&mut self, range: (usize, usize), columns: u32, bytes_per_pixel: f64, active: &[u64]) -> Layout {
         let (start, end) = (range.0.min(active.len()), range.1.min(active.len()));
         let mut layout = Layout { range: (start, end), columns, ..Layout::default() };
@@ -280,59 +286,74 @@ impl Lifetimes {
             return layout;
         }
         let span = (end - start) as f64 / f64::from(columns);
-        // Bands of the previous column by what they are, to extend rather than repeat.
-        let mut open: HashMap<(BandItem, u64), usize> = HashMap::new();
-        let mut next_open: HashMap<(BandItem, u64), usize> = HashMap::new();
         let thin = bytes_per_pixel.max(0.0);
+        // The band each allocation had in the previous column, to extend rather than repeat it;
+        // merged runs by where they start.
+        let mut last_band = vec![u32::MAX; self.items.len()];
+        let mut merged_open: HashMap<u64, usize> = HashMap::new();
+        let mut merged_next: HashMap<u64, usize> = HashMap::new();
+        let mut live: Vec<u32> = Vec::new();
+        let mut next_new = 0usize;
         for x in 0..columns {
             let lo = start + (f64::from(x) * span) as usize;
             let hi = (start + (f64::from(x + 1) * span) as usize).clamp(lo + 1, end);
             let sample = (lo..hi).max_by_key(|&p| (active[p], std::cmp::Reverse(p))).unwrap_or(lo) as u32;
             layout.samples.push(sample);
+            let upper = self.items.partition_point(|l| l.start <= sample);
+            if x == 0 {
+                self.for_each_live(sample, |i, _| live.push(i));
+            } else {
+                live.extend((next_new..upper).map(|i| i as u32).filter(|&i| self.items[i as usize].end > sample));
+            }
+            next_new = upper;
+            let items = &self.items;
+            live.retain(|&i| items[i as usize].end > sample);
+
             let mut below = 0u64;
             let mut merged: Option<(u64, u32)> = None;
-            let mut bands = Vec::new();
-            self.for_each_live(sample, |i, l| {
-                if (l.size as f64) < thin {
-                    let m = merged.get_or_insert((below, 0));
-                    m.1 += 1;
-                } else {
-                    if let Some((y0, count)) = merged.take() {
-                        bands.push((y0, below, BandItem::Merged { count }));
-                    }
-                    bands.push((below, below + l.size, BandItem::Allocation(i)));
-                }
-                below += l.size;
-            });
-            if let Some((y0, count)) = merged {
-                bands.push((y0, below, BandItem::Merged { count }));
-            }
-            layout.top = layout.top.max(below);
-            for (y0, y1, item) in bands {
-                // Merged runs of the same extent continue as one band whatever their count.
-                let key_item = match item {
-                    BandItem::Merged { .. } => BandItem::Merged { count: 0 },
-                    other => other,
+            let mut push = |layout: &mut Layout, y0: u64, y1: u64, item: BandItem| {
+                let previous = match item {
+                    BandItem::Allocation(i) => last_band[i as usize],
+                    BandItem::Merged { .. } => merged_open.get(&y0).map_or(u32::MAX, |&b| b as u32),
                 };
-                let key = (key_item, y0);
-                match open.get(&key) {
-                    Some(&b) if layout.bands[b].y1 == y1 && layout.bands[b].x1 == x => {
-                        layout.bands[b].x1 = x + 1;
-                        if let (BandItem::Merged { count: have }, BandItem::Merged { count }) =
-                            (&mut layout.bands[b].item, item)
-                        {
+                let b = match layout.bands.get_mut(previous as usize) {
+                    Some(band) if band.x1 == x && band.y0 == y0 && band.y1 == y1 => {
+                        band.x1 = x + 1;
+                        if let (BandItem::Merged { count: have }, BandItem::Merged { count }) = (&mut band.item, item) {
                             *have = (*have).max(count);
                         }
-                        next_open.insert(key, b);
+                        previous as usize
                     }
                     _ => {
-                        next_open.insert(key, layout.bands.len());
                         layout.bands.push(StackBand { x0: x, x1: x + 1, y0, y1, item });
+                        layout.bands.len() - 1
+                    }
+                };
+                match item {
+                    BandItem::Allocation(i) => last_band[i as usize] = b as u32,
+                    BandItem::Merged { .. } => {
+                        merged_next.insert(y0, b);
                     }
                 }
+            };
+            for &i in &live {
+                let size = items[i as usize].size;
+                if (size as f64) < thin {
+                    merged.get_or_insert((below, 0)).1 += 1;
+                } else {
+                    if let Some((y0, count)) = merged.take() {
+                        push(&mut layout, y0, below, BandItem::Merged { count });
+                    }
+                    push(&mut layout, below, below + size, BandItem::Allocation(i));
+                }
+                below += size;
             }
-            std::mem::swap(&mut open, &mut next_open);
-            next_open.clear();
+            if let Some((y0, count)) = merged {
+                push(&mut layout, y0, below, BandItem::Merged { count });
+            }
+            layout.top = layout.top.max(below);
+            std::mem::swap(&mut merged_open, &mut merged_next);
+            merged_next.clear();
         }
         layout
     }
