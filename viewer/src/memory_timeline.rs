@@ -7,7 +7,10 @@
 //!
 //! The picture comes from [`Lifetimes::layout`] (one column per point, bands thinner than a pixel
 //! merged) and is cached for the range and size in view: moving the cursor repaints the cached
-//! bands and only zooming, panning, resizing or new entries of a live run lay them out again.
+//! picture and only zooming, panning, resizing or new entries of a live run lay it out again.
+//! The bands are rasterized into a texture of one pixel per column and point (a few hundred
+//! thousand pixels), drawn as one image: a zoomed-out picture of millions of entries has hundreds
+//! of thousands of bands, whose shapes tessellated every frame took a third of a second.
 
 use std::hash::{Hash, Hasher};
 
@@ -68,6 +71,8 @@ pub struct MemoryTimelineState {
     pub lifetimes: Lifetimes,
     /// The last layout and what it was made for.
     layout: Option<(LayoutKey, Layout)>,
+    /// The layout rasterized, and for which layout and colours.
+    picture: Option<Picture>,
     /// Layouts made since the state was created (for tests and the benchmark: moving the cursor
     /// must not make one).
     pub layouts_made: usize,
@@ -83,9 +88,23 @@ impl Default for MemoryTimelineState {
             color_by: ColorBy::Stack,
             lifetimes: Lifetimes::default(),
             layout: None,
+            picture: None,
             layouts_made: 0,
             plot_area: None,
         }
+    }
+}
+
+/// The texture of a layout's bands.
+#[derive(Clone)]
+struct Picture {
+    key: (LayoutKey, ColorBy),
+    texture: egui::TextureHandle,
+}
+
+impl std::fmt::Debug for Picture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Picture").field("key", &self.key).field("texture", &self.texture.id()).finish()
     }
 }
 
@@ -122,8 +141,8 @@ const PALETTE: [Color32; 12] = [
     Color32::from_rgb(200, 82, 160),
 ];
 
-/// The edge drawn around bands tall and wide enough for one.
-const EDGE: Color32 = Color32::from_black_alpha(110);
+/// The top edge drawn on bands tall enough for one.
+const EDGE_OPAQUE: Color32 = Color32::from_gray(30);
 
 /// Colour of bands that merge allocations thinner than a pixel.
 const MERGED: Color32 = Color32::from_gray(95);
@@ -242,21 +261,25 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut MemoryTim
             text,
         );
     }
-    for band in &layout.bands {
-        let rect = Rect::from_x_y_ranges(
-            area.left() + band.x0 as f32 * col_w..=area.left() + band.x1 as f32 * col_w,
-            y_of(band.y1)..=y_of(band.y0),
-        );
-        let color = match band.item {
-            BandItem::Allocation(i) => band_color(run, &state.lifetimes.items[i as usize], state.color_by),
-            BandItem::Merged { .. } => MERGED,
-        };
-        // A dark edge tells apart neighbours of one colour, where the band is tall enough.
-        if rect.height() >= 4.0 && rect.width() >= 4.0 {
-            painter.rect(rect, 0.0, color, Stroke::new(1.0, EDGE), egui::StrokeKind::Inside);
-        } else {
-            painter.rect_filled(rect, 0.0, color);
+    let rows = area.height().round().max(1.0) as usize;
+    let picture_key = (key, state.color_by);
+    if state.picture.as_ref().is_none_or(|p| p.key != picture_key) {
+        let image = rasterize(run, &state.lifetimes, layout, state.color_by, rows, top);
+        let options = egui::TextureOptions::NEAREST;
+        match &mut state.picture {
+            Some(p) => {
+                p.texture.set(image, options);
+                p.key = picture_key;
+            }
+            None => {
+                let texture = ui.ctx().load_texture("active memory timeline", image, options);
+                state.picture = Some(Picture { key: picture_key, texture });
+            }
         }
+    }
+    if let Some(p) = &state.picture {
+        let uv = Rect::from_min_max(Pos2::ZERO, Pos2::new(1.0, 1.0));
+        painter.image(p.texture.id(), area, uv, Color32::WHITE);
     }
     let span = (range.1 - range.0).max(1) as f32;
     if (range.0..range.1).contains(&cursor) {
@@ -302,6 +325,36 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut MemoryTim
         }
     }
     action
+}
+
+/// The bands of `layout` as an image of one pixel per column and `rows` rows, `top` bytes high:
+/// each band's colour over its columns and rows, with a dark top edge where it is at least four
+/// rows tall (neighbours of one colour stay apart); transparent where nothing is allocated.
+fn rasterize(
+    run: &Run,
+    lifetimes: &Lifetimes,
+    layout: &Layout,
+    color_by: ColorBy,
+    rows: usize,
+    top: u64,
+) -> egui::ColorImage {
+    let width = layout.columns as usize;
+    let mut pixels = vec![Color32::TRANSPARENT; width * rows];
+    let row_of = |bytes: u64| rows - ((bytes as f64 / top as f64 * rows as f64).round() as usize).min(rows);
+    for band in &layout.bands {
+        let color = match band.item {
+            BandItem::Allocation(i) => band_color(run, &lifetimes.items[i as usize], color_by),
+            BandItem::Merged { .. } => MERGED,
+        };
+        let (first, last) = (row_of(band.y1), row_of(band.y0).max(row_of(band.y1) + 1).min(rows));
+        let edge = last - first >= 4;
+        for row in first..last {
+            let c = if edge && row == first { EDGE_OPAQUE } else { color };
+            let line = &mut pixels[row * width..(row + 1) * width];
+            line[band.x0 as usize..(band.x1 as usize).min(width)].fill(c);
+        }
+    }
+    egui::ColorImage::new([width, rows], pixels)
 }
 
 /// What hovering an allocation says: size, address, stream, when it was allocated and freed
