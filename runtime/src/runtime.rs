@@ -13,13 +13,16 @@
 //! operand of every operation on [`QUEUE_STREAM`] before running it: one place, one list, so
 //! both devices record exactly the same uses and their event sequences are equal.
 //!
-//! Every allocation is made from a stack of two frames: the operation (`linear`,
-//! `cross_entropy`, ...) inside the experiment's phase (`step 3`); workspace and scratch blocks
-//! get a third frame naming them. The viewer shows them, and `compare` finds the workspaces by
-//! them.
+//! Every allocation is made from a stack of three frames, innermost first: the operation
+//! (`linear`, `cross_entropy`, ...), the Rust code that called it (file and line, found with
+//! `#[track_caller]`: the line of the experiment or library user that made the tensor), and the
+//! experiment's phase (`step 3`); workspace and scratch blocks get a fourth, innermost frame
+//! naming them. The viewer shows them (its Memory view groups live memory by them), and
+//! `compare` finds the workspaces by them.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::panic::Location;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +58,13 @@ pub enum DType {
     U32,
 }
 
+/// What makes a stack: the inner frame, the operation, the phase and the Rust caller.
+type ContextKey = (&'static str, &'static str, String, Option<&'static Location<'static>>);
+
+/// Name of the frame of the Rust code that called an operation (its file and line are the
+/// frame's).
+pub const CALLER_FRAME: &str = "called from";
+
 /// The state behind a [`Runtime`] and its tensors.
 struct Inner {
     device: Box<dyn Device>,
@@ -63,14 +73,16 @@ struct Inner {
     deferred: Vec<RuntimeError>,
     experiment: String,
     phase: String,
-    contexts: HashMap<(&'static str, &'static str, String), ContextId>,
+    /// Where the operation running now was called from (set by [`Inner::enter`]).
+    caller: Option<&'static Location<'static>>,
+    contexts: HashMap<ContextKey, ContextId>,
     timings: Vec<Timing>,
     notes: Vec<String>,
 }
 
 impl Inner {
     fn context(&mut self, inner_frame: Option<&'static str>, op: &'static str) -> ContextId {
-        let key = (inner_frame.unwrap_or(""), op, self.phase.clone());
+        let key = (inner_frame.unwrap_or(""), op, self.phase.clone(), self.caller);
         if let Some(&id) = self.contexts.get(&key) {
             return id;
         }
@@ -79,6 +91,13 @@ impl Inner {
             frames.push(Frame { filename: Arc::from(RUNTIME_FILE), line: 0, name: Arc::from(name) });
         }
         frames.push(Frame { filename: Arc::from(RUNTIME_FILE), line: 0, name: Arc::from(op) });
+        if let Some(caller) = self.caller {
+            frames.push(Frame {
+                filename: Arc::from(caller.file()),
+                line: i64::from(caller.line()),
+                name: Arc::from(CALLER_FRAME),
+            });
+        }
         frames.push(Frame {
             filename: Arc::from(self.experiment.as_str()),
             line: 0,
@@ -89,7 +108,11 @@ impl Inner {
         id
     }
 
+    /// Starts operation `op`: its allocations are attributed to it and to the code that called
+    /// the public operation (every function between that one and here is `#[track_caller]`).
+    #[track_caller]
     fn enter(&mut self, op: &'static str) -> Result<(), RuntimeError> {
+        self.caller = Some(Location::caller());
         if let Some(error) = self.deferred.pop() {
             self.deferred.clear();
             return Err(RuntimeError::Deferred(Box::new(error)));
@@ -100,6 +123,7 @@ impl Inner {
     }
 
     fn leave(&mut self) {
+        self.caller = None;
         self.device.allocator_mut().set_context(None);
     }
 
@@ -258,6 +282,7 @@ impl Runtime {
                 deferred: Vec::new(),
                 experiment: "experiment".into(),
                 phase: "main".into(),
+                caller: None,
                 contexts: HashMap::new(),
                 timings: Vec::new(),
                 notes: Vec::new(),
@@ -308,6 +333,7 @@ impl Runtime {
     }
 
     /// Waits for all work submitted to the device.
+    #[track_caller]
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("synchronize")?;
@@ -339,6 +365,7 @@ impl Runtime {
     }
 
     /// `torch.cuda.empty_cache()`.
+    #[track_caller]
     pub fn empty_cache(&self) -> Result<(), RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("empty_cache")?;
@@ -350,6 +377,7 @@ impl Runtime {
     /// Records `memory_allocated()` / `memory_reserved()` under `label`, as
     /// `torch.cuda.memory_allocated()` would read there. Reports a failed free of a dropped
     /// tensor first.
+    #[track_caller]
     pub fn mark(&self, label: impl Into<String>) -> Result<(), RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("mark")?;
@@ -401,6 +429,7 @@ impl Runtime {
     /// the frees still waiting for it (so the final state and summary show no pending frees; on
     /// queue-ordered devices these are the last `free_completed` entries of the trace), and
     /// checks the allocator's invariants.
+    #[track_caller]
     pub fn finish(&self) -> Result<(), RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("finish")?;
@@ -426,10 +455,12 @@ impl Runtime {
     }
 
     /// `torch.empty(shape)`: uninitialised f32.
+    #[track_caller]
     pub fn empty(&self, shape: &[usize]) -> Result<Tensor, RuntimeError> {
         self.empty_typed(shape, DType::F32)
     }
 
+    #[track_caller]
     fn empty_typed(&self, shape: &[usize], dtype: DType) -> Result<Tensor, RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("empty")?;
@@ -440,6 +471,7 @@ impl Runtime {
     }
 
     /// `torch.full(shape, value)` on the device.
+    #[track_caller]
     pub fn full(&self, shape: &[usize], value: f32) -> Result<Tensor, RuntimeError> {
         let n = numel(shape);
         let allocation = self.filled("full", n * 4, |device, a| device.fill(a, n, value))?;
@@ -448,6 +480,7 @@ impl Runtime {
 
     /// Allocates `bytes` inside `op` and writes them with `write`; if the write fails, the block
     /// is freed again and the error returned.
+    #[track_caller]
     fn filled(
         &self,
         op: &'static str,
@@ -469,21 +502,25 @@ impl Runtime {
     }
 
     /// `torch.zeros(shape)` on the device.
+    #[track_caller]
     pub fn zeros(&self, shape: &[usize]) -> Result<Tensor, RuntimeError> {
         self.full(shape, 0.0)
     }
 
     /// A tensor of host data (`torch.tensor(data).to(device)`).
+    #[track_caller]
     pub fn from_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor, RuntimeError> {
         let words: Vec<u32> = data.iter().map(|v| v.to_bits()).collect();
         self.upload(shape, &words, DType::F32)
     }
 
     /// A u32 tensor of host data (class targets).
+    #[track_caller]
     pub fn from_u32(&self, shape: &[usize], data: &[u32]) -> Result<Tensor, RuntimeError> {
         self.upload(shape, data, DType::U32)
     }
 
+    #[track_caller]
     fn upload(&self, shape: &[usize], words: &[u32], dtype: DType) -> Result<Tensor, RuntimeError> {
         if numel(shape) != words.len() as u64 {
             return Err(RuntimeError::Shape(format!("{} values for shape {shape:?}", words.len())));
@@ -494,24 +531,29 @@ impl Runtime {
 
     /// Reads an f32 tensor back (after the work queued before). An allocation-only simulation
     /// reads zeros.
+    #[track_caller]
     pub fn to_vec(&self, t: &Tensor) -> Result<Vec<f32>, RuntimeError> {
         Ok(self.read_words(t)?.into_iter().map(f32::from_bits).collect())
     }
 
     /// Reads a u32 tensor back.
+    #[track_caller]
     pub fn to_vec_u32(&self, t: &Tensor) -> Result<Vec<u32>, RuntimeError> {
         self.read_words(t)
     }
 
     /// Reads the first `count` f32 values of a tensor back.
+    #[track_caller]
     pub fn to_vec_prefix(&self, t: &Tensor, count: usize) -> Result<Vec<f32>, RuntimeError> {
         Ok(self.read_prefix(t, count)?.into_iter().map(f32::from_bits).collect())
     }
 
+    #[track_caller]
     fn read_words(&self, t: &Tensor) -> Result<Vec<u32>, RuntimeError> {
         self.read_prefix(t, t.numel() as usize)
     }
 
+    #[track_caller]
     fn read_prefix(&self, t: &Tensor, count: usize) -> Result<Vec<u32>, RuntimeError> {
         self.check_owner(&[t])?;
         let count = count.min(t.numel() as usize);
@@ -572,12 +614,14 @@ impl Runtime {
     }
 
     /// `x.fill_(value)`.
+    #[track_caller]
     pub fn fill(&self, x: &Tensor, value: f32) -> Result<(), RuntimeError> {
         self.check_owner(&[x])?;
         self.in_place("fill_", &[&x.allocation], |d| d.fill(&x.allocation, x.numel(), value))
     }
 
     /// Runs an operation that allocates nothing.
+    #[track_caller]
     fn in_place(
         &self,
         op: &'static str,
@@ -593,6 +637,7 @@ impl Runtime {
 
     /// Allocates the outputs (`bytes` each, in order), records the uses of `inputs` and the
     /// outputs, and runs `f`; frees the outputs if anything fails.
+    #[track_caller]
     fn with_outputs(
         &self,
         op: &'static str,
@@ -634,6 +679,7 @@ impl Runtime {
     // ---- operations ----
 
     /// `alpha * x`, a new tensor.
+    #[track_caller]
     pub fn scale(&self, x: &Tensor, alpha: f32) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x])?;
         let n = x.numel();
@@ -645,6 +691,7 @@ impl Runtime {
 
     /// `torch.mean(x)`: a 0-d tensor. Allocates what PyTorch's reduction does — the result,
     /// a 2,112-byte staging block and a 4-byte semaphore (zeroed) — and frees the last two.
+    #[track_caller]
     pub fn mean(&self, x: &Tensor) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x])?;
         let n = x.numel();
@@ -664,6 +711,7 @@ impl Runtime {
     }
 
     /// `op(a) · op(b)` with the layouts of `shape`, a new `[m, n]` tensor.
+    #[track_caller]
     pub fn matmul(&self, a: &Tensor, b: &Tensor, shape: MatmulShape) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[a, b])?;
         let (ea, eb, ec) = shape.elements();
@@ -684,6 +732,7 @@ impl Runtime {
 
     /// `nn.Linear` forward: `x[batch, in] · w[out, in]ᵀ + b[out]`, a new `[batch, out]`
     /// tensor (output first, then — on CUDA, first time — the workspaces, as in PyTorch).
+    #[track_caller]
     pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x, w])?;
         let (batch, inputs) = x.dims2("linear input")?;
@@ -714,6 +763,7 @@ impl Runtime {
 
     /// `nn.Linear` backward from `dy[batch, out]`: `dx = dy · w` (if `need_dx`),
     /// `dw = dyᵀ · x`, `db = Σ_batch dy` (if `bias`), allocated and computed in that order.
+    #[track_caller]
     pub fn linear_backward(
         &self,
         x: &Tensor,
@@ -768,6 +818,7 @@ impl Runtime {
     }
 
     /// `act(x)`, a new tensor.
+    #[track_caller]
     pub fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x])?;
         let n = x.numel();
@@ -778,6 +829,7 @@ impl Runtime {
     }
 
     /// The gradient of `act` at `x` times `dy`, a new tensor.
+    #[track_caller]
     pub fn activation_backward(&self, act: Activation, x: &Tensor, dy: &Tensor) -> Result<Tensor, RuntimeError> {
         self.check_owner(&[x, dy])?;
         let n = x.numel();
@@ -797,6 +849,7 @@ impl Runtime {
     }
 
     /// Mean squared error: `(loss, d loss / d pred)` (the loss a 0-d tensor).
+    #[track_caller]
     pub fn mse(&self, pred: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor), RuntimeError> {
         self.check_owner(&[pred, target])?;
         let n = pred.numel();
@@ -819,6 +872,7 @@ impl Runtime {
 
     /// Softmax cross-entropy of `logits[rows, classes]` against u32 `targets[rows]`, mean over
     /// rows: `(loss, d loss / d logits)`.
+    #[track_caller]
     pub fn cross_entropy(&self, logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor), RuntimeError> {
         self.check_owner(&[logits, targets])?;
         let (rows, cols) = logits.dims2("logits")?;
@@ -847,6 +901,7 @@ impl Runtime {
 
     /// One `torch.optim.SGD` step on `param` in place (`momentum` buffer when
     /// `sgd.momentum != 0`; `first_step` initialises it).
+    #[track_caller]
     pub fn sgd_step(
         &self,
         param: &Tensor,
@@ -869,6 +924,7 @@ impl Runtime {
     }
 
     /// One `torch.optim.Adam` step (`step` from 1) on `param` in place.
+    #[track_caller]
     pub fn adam_step(
         &self,
         param: &Tensor,
@@ -889,6 +945,7 @@ impl Runtime {
     }
 
     /// A block of `bytes` bytes with no kernel use (an op file's allocation).
+    #[track_caller]
     pub fn raw(&self, bytes: u64) -> Result<Tensor, RuntimeError> {
         let mut inner = self.inner.borrow_mut();
         inner.enter("allocate")?;

@@ -7,7 +7,11 @@
 #   scripts/dev/window-fps.sh [FILE] [VIEW OPTIONS]   # FILE: anything `cachalot view` opens; none: the empty window
 #
 # Environment: CACHALOT (the binary; default target/release/cachalot), WAIT (seconds to let the
-# file load before dragging; default 6). Needs Xvfb and xdotool.
+# file load before dragging; default 6), DRAG_Y (the height the mouse drags at; default 170, the
+# timeline's plot). Needs Xvfb and xdotool.
+#
+# The Memory view (Active Memory Timeline over the peak analysis), dragged in its picture:
+#   DRAG_Y=420 scripts/dev/window-fps.sh FILE --view memory
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,10 +35,12 @@ CACHALOT_FRAME_STATS=1 "$cachalot" view "$@" >"$log" 2>&1 &
 app=$!
 for _ in $(seq 200); do xdotool search --name cachalot >/dev/null 2>&1 && break; sleep 0.1; done
 sleep "${WAIT:-6}"
-# Drag across the timeline's plot (the window is 1400x900; the plot sits at y = 100..240).
-xdotool mousemove 300 170 mousedown 1
+# Drag across the timeline's plot (the window is 1400x900; the plot sits at y = 100..240), or
+# at DRAG_Y (the Memory view's picture spans about y = 320..560).
+y=${DRAG_Y:-170}
+xdotool mousemove 300 "$y" mousedown 1
 for x in $(seq 300 4 1300); do
-    xdotool mousemove "$x" 170
+    xdotool mousemove "$x" "$y"
     sleep 0.01
 done
 xdotool mouseup 1

@@ -13,8 +13,10 @@ use crate::dialogs::RunDialog;
 use crate::events;
 use crate::live::{Experiment, LiveRun};
 use crate::loading::{self, Loaded, Loader};
+use crate::memory_timeline::{self, MemoryAction};
 use crate::model::{Run, RunKind, Verification};
 use crate::notices::{self, Notice};
+use crate::peak_analysis;
 use crate::pools;
 use crate::segments;
 use crate::side_by_side::{self, SideBySideState};
@@ -322,14 +324,26 @@ impl ViewerApp {
             pools: pools_state,
             events: events_state,
             stats: stats_state,
+            memory,
+            peak,
             ..
         } = tab;
         let state = run.seek(cache, *cursor);
         let mut go = None;
+        let mut memory_action = None;
         egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
             ui,
             |ui| match self.view {
                 View::Segments => go = segments::ui(ui, run, state, map),
+                View::Memory => {
+                    // The picture over the upper part, the peak analysis at the cursor under it.
+                    let height = (ui.available_height() * 0.55).max(160.0);
+                    ui.allocate_ui(egui::vec2(ui.available_width(), height), |ui| {
+                        memory_action = memory_timeline::ui(ui, run, *cursor, memory);
+                    });
+                    ui.separator();
+                    go = peak_analysis::ui(ui, run, state, *cursor, peak);
+                }
                 View::Pools => pools::ui(ui, state, pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
@@ -338,6 +352,15 @@ impl ViewerApp {
         );
         if let Some(g) = go {
             *cursor = g.min(run.end());
+        }
+        match memory_action {
+            Some(MemoryAction::MoveCursor(c)) => *cursor = c.min(run.end()),
+            Some(MemoryAction::Select { address, cursor: at }) => {
+                *cursor = at.min(run.end());
+                map.selected = Some(address);
+                self.view = View::Segments;
+            }
+            None => {}
         }
     }
 

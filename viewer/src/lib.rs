@@ -9,7 +9,8 @@
 //! - [`load`]: cachalot snapshots, PyTorch snapshot pickles and op files into runs;
 //! - [`live`]: experiments that stream their trace into the viewer while they run;
 //! - the panels of one run, each a module with a `ui` function: [`timeline`], [`segments`],
-//!   [`pools`], [`stats`], [`events`]; and [`notices`], the messages at the bottom;
+//!   [`pools`], [`stats`], [`events`], the Active Memory Timeline ([`memory_timeline`]) with the
+//!   peak analysis under it ([`peak_analysis`]); and [`notices`], the messages at the bottom;
 //! - [`tabs`]: the open runs ([`tabs::RunTab`]), the panel shown ([`View`]) and the tab bar;
 //! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab), and natively
 //!   `reasons`: why they differ, from `cachalot compare`'s analysis;
@@ -31,8 +32,10 @@ pub mod format;
 pub mod live;
 pub mod load;
 mod loading;
+pub mod memory_timeline;
 pub mod model;
 pub mod notices;
+pub mod peak_analysis;
 pub mod pools;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reasons;

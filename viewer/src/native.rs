@@ -209,6 +209,13 @@ pub struct BenchReport {
     /// Per-frame seconds of a cursor drag including rendering through wgpu (lavapipe without a
     /// GPU), if an adapter was found.
     pub rendered_seconds: Vec<f64>,
+    /// Seconds of the first frame of the Memory view: the allocations' lifetimes found, the
+    /// Active Memory Timeline laid out, the peak analysis at the cursor.
+    pub memory_first_seconds: f64,
+    /// Per-frame seconds while the cursor is dragged in the Memory view (the picture cached).
+    pub memory_drag_seconds: Vec<f64>,
+    /// Per-frame seconds while the Memory view zooms in and pans (a new layout every frame).
+    pub memory_zoom_seconds: Vec<f64>,
 }
 
 impl BenchReport {
@@ -250,6 +257,26 @@ impl BenchReport {
                 ms(Self::percentile(&self.jump_seconds, 0.95)),
                 ms(Self::percentile(&self.jump_seconds, 1.0)),
                 fps(&self.jump_seconds)
+            ),
+            format!(
+                "memory view, first frame (lifetimes + layout + peak analysis): {:.0} ms",
+                ms(self.memory_first_seconds)
+            ),
+            format!(
+                "memory view, cursor drag: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
+                self.memory_drag_seconds.len(),
+                ms(Self::percentile(&self.memory_drag_seconds, 0.5)),
+                ms(Self::percentile(&self.memory_drag_seconds, 0.95)),
+                ms(Self::percentile(&self.memory_drag_seconds, 1.0)),
+                fps(&self.memory_drag_seconds)
+            ),
+            format!(
+                "memory view, zoom and pan (new layout each frame): {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
+                self.memory_zoom_seconds.len(),
+                ms(Self::percentile(&self.memory_zoom_seconds, 0.5)),
+                ms(Self::percentile(&self.memory_zoom_seconds, 0.95)),
+                ms(Self::percentile(&self.memory_zoom_seconds, 1.0)),
+                fps(&self.memory_zoom_seconds)
             ),
             if self.rendered_seconds.is_empty() {
                 "rendered drag: no wgpu adapter".to_owned()
@@ -382,6 +409,34 @@ pub fn bench(entries: usize, frames: usize, size: egui::Vec2) -> Result<BenchRep
         app.set_cursor((rng >> 33) as usize % end.max(1));
         jump_seconds.push(frame(&mut app, 100.0 + i as f64 / 60.0));
     }
+    // The Memory view: its first frame, a drag (cached picture), then zooming in to a hundredth
+    // of the run and panning across it, a new layout every frame.
+    app.view = View::Memory;
+    let started = web_time::Instant::now();
+    frame(&mut app, 200.0);
+    let memory_first_seconds = started.elapsed().as_secs_f64();
+    let mut memory_drag_seconds = Vec::with_capacity(frames);
+    for i in 0..frames {
+        app.set_cursor(end * i / frames.max(1));
+        memory_drag_seconds.push(frame(&mut app, 201.0 + i as f64 / 60.0));
+    }
+    let mut memory_zoom_seconds = Vec::with_capacity(frames);
+    let whole = (end + 1) as f64;
+    for i in 0..frames {
+        // Halfway: zoomed from the whole run to 1% of it; then panned over the rest.
+        let t = i as f64 / frames.max(1) as f64;
+        let (span, from) = if t < 0.5 {
+            let span = whole * 0.01f64.powf(t * 2.0);
+            (span, (whole - span) / 2.0)
+        } else {
+            (whole * 0.01, (t - 0.5) * 2.0 * whole * 0.99)
+        };
+        if let Some(tab) = app.active_tab_mut() {
+            tab.memory.view = Some((from, from + span));
+        }
+        memory_zoom_seconds.push(frame(&mut app, 300.0 + i as f64 / 60.0));
+    }
+    app.view = View::Segments;
     // The same drag again, rendered: what a window on this machine would show per frame.
     let mut rendered_seconds = Vec::new();
     let rendered_frames = (frames / 5).max(10);
@@ -408,5 +463,8 @@ pub fn bench(entries: usize, frames: usize, size: egui::Vec2) -> Result<BenchRep
         jump_seconds,
         largest_state,
         rendered_seconds,
+        memory_first_seconds,
+        memory_drag_seconds,
+        memory_zoom_seconds,
     })
 }

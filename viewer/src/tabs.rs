@@ -5,8 +5,10 @@
 use crate::events::EventsState;
 use crate::format;
 use crate::live::{LiveEvent, LiveRun};
+use crate::memory_timeline::MemoryTimelineState;
 use crate::model::{Rules, Run, RunKind, StateCache, Verification};
 use crate::notices::Notice;
+use crate::peak_analysis::PeakAnalysisState;
 use crate::pools::PoolsState;
 use crate::segments::SegmentMapState;
 use crate::stats::StatsState;
@@ -18,6 +20,8 @@ use crate::timeline::TimelineState;
 pub enum View {
     /// The segment map at the cursor.
     Segments,
+    /// The Active Memory Timeline with the peak analysis at the cursor.
+    Memory,
     /// Pools, largest free block, free-block histogram.
     Pools,
     /// `memory_stats()` and `memory_summary()`.
@@ -30,12 +34,13 @@ pub enum View {
 
 impl View {
     /// Every view, in tab order.
-    pub const ALL: [View; 5] = [View::Segments, View::Pools, View::Stats, View::Events, View::SideBySide];
+    pub const ALL: [View; 6] = [View::Segments, View::Memory, View::Pools, View::Stats, View::Events, View::SideBySide];
 
     /// The tab's title.
     pub fn title(self) -> &'static str {
         match self {
             View::Segments => "Segments",
+            View::Memory => "Memory",
             View::Pools => "Pools",
             View::Stats => "Stats",
             View::Events => "Events",
@@ -69,6 +74,10 @@ pub struct RunTab {
     pub stats: StatsState,
     /// The experiment feeding a live run.
     pub live: Option<LiveRun>,
+    /// Active Memory Timeline settings and its cached picture.
+    pub memory: MemoryTimelineState,
+    /// Peak analysis settings.
+    pub peak: PeakAnalysisState,
 }
 
 impl RunTab {
@@ -85,6 +94,8 @@ impl RunTab {
             events: EventsState::default(),
             stats: StatsState::default(),
             live: None,
+            memory: MemoryTimelineState::default(),
+            peak: PeakAnalysisState::default(),
         }
     }
 

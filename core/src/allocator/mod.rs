@@ -320,6 +320,29 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The stack that following calls are made from (recorded in trace entries and in blocks);
     /// `None` lets frees report the stack of the allocation instead, as PyTorch does.
+    ///
+    /// This is how a library user's own call sites reach the viewer (its Memory view groups
+    /// live memory by these stacks) and PyTorch's tools (the pickle keeps them as frames): intern
+    /// each stack once, innermost frame first, and set it around the calls it explains.
+    ///
+    /// ```
+    /// use cachalot_core::{AllocatorConfig, CachingAllocator, Frame, SimBackend, StreamId};
+    /// let mut allocator = CachingAllocator::new(SimBackend::new(80 << 30), AllocatorConfig::default())?;
+    /// allocator.record_history(true, usize::MAX, &[], false);
+    /// let frame = |name: &str, line| Frame { filename: "model.rs".into(), line, name: name.into() };
+    /// let attention = allocator.intern_context(&[frame("attention", 42), frame("forward", 7)]);
+    ///
+    /// allocator.set_context(Some(attention));
+    /// let scores = allocator.malloc(64 << 20, StreamId::DEFAULT)?;
+    /// allocator.set_context(None);
+    ///
+    /// let alloc = allocator.trace()[1]; // after its segment_alloc
+    /// let stack = allocator.contexts().frames(alloc.context.expect("recorded"));
+    /// assert_eq!((&*stack[0].name, stack[0].line), ("attention", 42));
+    /// allocator.free(scores)?; // the free reports the allocation's stack
+    /// assert_eq!(allocator.trace()[2].context, Some(attention));
+    /// # Ok::<(), cachalot_core::AllocatorError>(())
+    /// ```
     pub fn set_context(&mut self, context: Option<ContextId>) {
         self.contexts_used |= context.is_some();
         self.current_context = context;

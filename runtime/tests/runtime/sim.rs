@@ -264,3 +264,32 @@ fn expandable_segments_run_on_the_simulator() {
     assert_eq!(result.record.outcome.losses, plain.record.outcome.losses);
     assert!(result.snapshot.trace.iter().any(|e| e.action == cachalot_core::TraceAction::SegmentMap));
 }
+
+/// Every allocation of an experiment names the operation, the experiment's line that called it
+/// (found by `#[track_caller]`, not a line of the runtime) and the phase; workspaces add their
+/// own innermost frame.
+#[test]
+fn every_allocation_records_the_experiments_call_site() {
+    use cachalot_core::TraceAction;
+    use cachalot_runtime::runtime::{CALLER_FRAME, RUNTIME_FILE, WORKSPACE_FRAME};
+    for experiment in [Experiment::Seeds, Experiment::MlpTrain(small_mlps().remove(0))] {
+        let result = common::run(&experiment, common::sim(SimProfile::cuda_sm90(), false));
+        let snapshot = &result.snapshot;
+        let table = snapshot.context_table();
+        let mut callers = std::collections::BTreeSet::new();
+        let mut workspaces = 0;
+        for e in snapshot.trace.iter().filter(|e| e.action == TraceAction::Alloc) {
+            let frames = table.frames(e.context.expect("every allocation has a stack"));
+            let inner = usize::from(&*frames[0].name == WORKSPACE_FRAME || frames.len() == 4);
+            workspaces += usize::from(&*frames[0].name == WORKSPACE_FRAME);
+            assert_eq!(frames.len(), 3 + inner, "{frames:?}");
+            assert_eq!(&*frames[inner].filename, RUNTIME_FILE, "the operation: {frames:?}");
+            let caller = &frames[inner + 1];
+            assert_eq!(&*caller.name, CALLER_FRAME);
+            assert!(caller.filename.contains("experiments") && caller.line > 0, "a line of the experiment: {caller:?}");
+            callers.insert((caller.filename.to_string(), caller.line));
+        }
+        assert!(callers.len() > 3, "{}: distinct call sites {callers:?}", experiment.name());
+        assert!(workspaces > 0, "{}: the cuBLAS workspaces are named", experiment.name());
+    }
+}

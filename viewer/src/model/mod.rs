@@ -34,6 +34,8 @@
 //! Replaying through `cachalot_trace::replay` instead was not chosen: it needs a complete trace
 //! too, and it shows cachalot's decisions rather than what the recording says happened.
 
+pub mod lifetimes;
+pub mod peak;
 pub mod series;
 
 use cachalot_core::{BlockState, DeviceFacts, Mark, MemoryStats, SegmentSnapshot, TraceAction, TraceEntry};
