@@ -15,6 +15,7 @@ use crate::error::RuntimeError;
 use crate::experiments::{Experiment, Outcome};
 use crate::runtime::Runtime;
 use crate::select::{self, DeviceOptions, Selection};
+use crate::stream::TraceSink;
 
 /// Key of the machine-readable run record in `device.details`.
 pub const RECORD_KEY: &str = "cachalot.run";
@@ -102,7 +103,28 @@ pub fn execute(experiment: &Experiment, options: &DeviceOptions) -> Result<RunRe
 
 /// Runs `experiment` on an opened device.
 pub fn execute_on(experiment: &Experiment, device: Box<dyn crate::device::Device>, selection: Selection) -> RunResult {
+    run_on(experiment, Runtime::new(device), selection)
+}
+
+/// Runs `experiment` on an opened device with `sink` watching it as it happens
+/// ([`crate::stream`]): the sink receives the whole trace, its stacks and marks while the run
+/// goes, and may stop it (the result then records [`RuntimeError::Stopped`]). The result is
+/// the same as [`execute_on`]'s.
+pub fn execute_watched(
+    experiment: &Experiment,
+    device: Box<dyn crate::device::Device>,
+    selection: Selection,
+    sink: Box<dyn TraceSink>,
+) -> RunResult {
     let rt = Runtime::new(device);
+    rt.watch(sink);
+    let result = run_on(experiment, rt.clone(), selection);
+    // What the experiment's last tensors freed on the way out.
+    rt.deliver_watched();
+    result
+}
+
+fn run_on(experiment: &Experiment, rt: Runtime, selection: Selection) -> RunResult {
     let (outcome, error) = match experiment.run(&rt) {
         Ok(outcome) => (outcome, None),
         Err(e) => (Outcome::default(), Some(e.to_string())),
