@@ -63,6 +63,9 @@ impl RunRecord {
         for note in &self.notes {
             details.push(("run: note".into(), note.clone()));
         }
+        if let Some(error) = &self.error {
+            details.push(("run: error".into(), error.clone()));
+        }
         details.push((RECORD_KEY.into(), serde_json::to_string(self).unwrap_or_default()));
     }
 

@@ -1,11 +1,13 @@
 //! Native-only parts: the window, headless screenshots (egui_kittest through wgpu, e.g. on
-//! Mesa's lavapipe) and the benchmark.
+//! Mesa's lavapipe) of files and of live runs, and the benchmark.
 
+mod live_shots;
 mod renderer;
 
 use std::cell::Cell;
 use std::path::Path;
 
+pub use live_shots::{LiveShots, LiveShotsReport, live_screenshots};
 pub use renderer::{WindowRenderer, auto_renderer, is_software_gl, wgpu_adapters};
 
 use crate::app::ViewerApp;
