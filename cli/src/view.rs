@@ -16,7 +16,8 @@ use cachalot_viewer::live::save::{SaveFormat, run_bytes};
 use cachalot_viewer::live::{Experiment, default_experiments};
 use cachalot_viewer::model::Verification;
 use cachalot_viewer::native::{
-    LiveShots, ScreenshotOptions, WindowRenderer, bench, generate_trace, live_screenshots, run_window, screenshot,
+    LiveShots, ScreenshotOptions, WindowRenderer, bench, bench_live, generate_trace, live_screenshots, run_window,
+    screenshot,
 };
 use cachalot_viewer::{View, ViewerApp};
 
@@ -60,6 +61,16 @@ pub struct ViewArgs {
     /// With --bench: only write the generated trace (a cachalot snapshot) to this file.
     #[arg(long, value_name = "JSON")]
     pub bench_trace: Option<PathBuf>,
+    /// Measure a live run: an op file replayed on the simulator unwatched and watched by the
+    /// app (frames at 60 per second), in alternating rounds: the slowdown and the frame times.
+    #[arg(long)]
+    pub bench_live: bool,
+    /// Operations of the --bench-live op file.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub bench_ops: usize,
+    /// Rounds of --bench-live.
+    #[arg(long, default_value_t = 3)]
+    pub bench_rounds: usize,
     /// Run EXPERIMENT (seeds, mlp-train, matmul-sweep, ops FILE; flags as for `cachalot run`)
     /// live: its allocator events stream into the window as they happen. With --screenshot,
     /// --out saves the run when it ends (a .pickle name: as a PyTorch snapshot pickle); in the
@@ -183,6 +194,13 @@ pub fn run(args: &ViewArgs) -> Outcome {
         let bytes = generate_trace(args.bench_entries).map_err(|e| Failure::input(anyhow!(e)))?;
         std::fs::write(out, bytes).map_err(|e| Failure::input(anyhow!("{}: {e}", out.display())))?;
         println!("wrote {}", out.display());
+        return Ok(());
+    }
+    if args.bench_live {
+        let report = bench_live(args.bench_ops, args.bench_rounds, size).map_err(|e| Failure::input(anyhow!(e)))?;
+        for line in report.lines() {
+            println!("{line}");
+        }
         return Ok(());
     }
     if args.bench {
