@@ -167,3 +167,53 @@ fn a_device_that_cannot_be_opened_is_a_notice_not_a_hang() {
     assert!(app.notices.iter().any(|n| n.error), "{:?}", app.notices);
     assert!(app.tabs[0].end_snapshot.is_none());
 }
+
+/// Through the window, as a person would: the experiment the command line named starts at the
+/// first frame, the views follow it, Stop ends it, and Save… writes it as a PyTorch pickle
+/// that opens as the same run.
+#[test]
+fn the_window_starts_follows_stops_and_saves_a_live_run() {
+    use egui_kittest::kittest::Queryable;
+    let long = RuntimeRun::MlpTrain(MlpParams { steps: 100_000, ..MlpParams::default() });
+    let app = ViewerApp::new()
+        .with_experiments(vec![Box::new(RuntimeExperiment::new(long, options(BackendRequest::Sim, false)))]);
+    let mut harness = cachalot_viewer::native::harness(app, egui::vec2(1200.0, 760.0), 1.0, false);
+    harness.state_mut().start_experiment(0, "sim");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while harness.state().tabs.first().is_none_or(|t| t.run.trace.len() < 3_000) {
+        assert!(Instant::now() < deadline, "the run did not stream");
+        harness.step();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let tab = &harness.state().tabs[0];
+    assert!(tab.live.is_some() && tab.timeline.follow);
+    assert_eq!(tab.cursor, tab.run.end(), "the views follow the newest entry");
+    harness.get_by_label("⏹ Stop").click();
+    while harness.state().has_live_runs() {
+        assert!(Instant::now() < deadline, "the run did not stop");
+        harness.step();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    harness.run_steps(2);
+    assert!(harness.state().notices.iter().any(|n| n.text.contains("ended early")));
+
+    let dir = std::env::temp_dir().join(format!("cachalot-live-ui-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stopped.pickle");
+    harness.get_by_label("Save…").click();
+    harness.run_steps(2);
+    let field = harness.get_by_role(egui::accesskit::Role::TextInput);
+    field.focus();
+    harness.run_steps(1);
+    // Replace the proposed path.
+    harness.key_press_modifiers(egui::Modifiers::COMMAND, egui::Key::A);
+    harness.run_steps(1);
+    harness.get_by_role(egui::accesskit::Role::TextInput).type_text(&format!("{}", path.display()));
+    harness.run_steps(1);
+    harness.get_by_label("Save PyTorch pickle").click();
+    harness.run_steps(2);
+    let bytes = std::fs::read(&path).unwrap();
+    let loaded = load_bytes("stopped.pickle", &bytes, &Progress::default()).unwrap().remove(0);
+    assert_same_model(&harness.state().tabs[0].run, &loaded, "saved through the window");
+    let _ = std::fs::remove_dir_all(&dir);
+}
