@@ -110,7 +110,7 @@ pub fn live_bench_ops(ops: usize) -> String {
     for _ in 0..ops {
         let r = next();
         if live.len() < 2000 && (live.is_empty() || r % 2 == 0) {
-            let size = 512u64 << (r >> 8) % 15;
+            let size = 512u64 << ((r >> 8) % 15);
             let _ = writeln!(text, "a {id} {}", size + (r >> 24) % size);
             live.push(id);
             id += 1;
