@@ -11,9 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
+use cachalot_viewer::live::default_experiments;
 use cachalot_viewer::live::runtime::{RuntimeExperiment, runtime_experiments};
 use cachalot_viewer::live::save::{SaveFormat, run_bytes};
-use cachalot_viewer::live::{Experiment, default_experiments};
 use cachalot_viewer::model::Verification;
 use cachalot_viewer::native::{
     LiveShots, ScreenshotOptions, WindowRenderer, bench, bench_live, generate_trace, live_screenshots, run_window,
@@ -131,7 +131,8 @@ fn live_headless(
     out: &Path,
 ) -> Outcome {
     // Started here rather than queued, so that a run that cannot start is an error of this command.
-    let started = live.start(&args.run_options.backend, &egui::Context::default());
+    let hold = args.mid_screenshot.as_ref().map(|_| args.mid_event.unwrap_or(0));
+    let started = live.start_held(&args.run_options.backend, &egui::Context::default(), hold);
     app.add_live(started.map_err(|e| Failure::input(anyhow!(e)))?);
     let shots = LiveShots {
         options: ScreenshotOptions { size, view, cursor: args.cursor, pixels_per_point: args.scale },

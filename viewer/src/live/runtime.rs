@@ -90,9 +90,20 @@ impl Experiment for RuntimeExperiment {
     }
 
     fn start(&self, backend: &str, ctx: &egui::Context) -> Result<LiveRun, String> {
+        self.start_held(backend, ctx, None)
+    }
+}
+
+impl RuntimeExperiment {
+    /// [`Experiment::start`], the run held from the start once it has sent `hold` entries
+    /// (see [`LiveRun::hold_at`]): a hold set after starting may come after a short run ended.
+    pub fn start_held(&self, backend: &str, ctx: &egui::Context, hold: Option<u64>) -> Result<LiveRun, String> {
         let request = BackendRequest::parse(backend)
             .ok_or_else(|| format!("backend {backend}: expected one of {}", BACKENDS.join(", ")))?;
         let (sender, run) = channel();
+        if let Some(entries) = hold {
+            run.hold_at(entries);
+        }
         let sender = sender.with_repaint(ctx.clone());
         let experiment = self.clone();
         std::thread::Builder::new()

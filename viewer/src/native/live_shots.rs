@@ -35,7 +35,10 @@ pub struct LiveShotsReport {
 
 /// Runs `app` headless until its live runs have ended, taking the pictures `shots` asks for,
 /// and returns the app (for saving the run) with what the pictures showed. The app must have
-/// an experiment queued ([`ViewerApp::start_experiment`]) or a live run added.
+/// an experiment queued ([`ViewerApp::start_experiment`]) or a live run added; for a picture
+/// mid-run, one added already held there
+/// ([`crate::live::runtime::RuntimeExperiment::start_held`]), since a short run may end before
+/// its first frame.
 pub fn live_screenshots(app: ViewerApp, shots: &LiveShots) -> Result<(ViewerApp, LiveShotsReport), String> {
     let options = &shots.options;
     let mut harness = harness(app, options.size, options.pixels_per_point, false);
@@ -45,6 +48,8 @@ pub fn live_screenshots(app: ViewerApp, shots: &LiveShots) -> Result<(ViewerApp,
     let deadline = Instant::now() + shots.timeout;
     let mut report = LiveShotsReport { mid: None, entries: 0 };
     if let Some((event, path)) = &shots.mid {
+        // A run started held (`RuntimeExperiment::start_held`) is already waiting there; a
+        // queued one is held from its first frame.
         if let Some(live) = harness.state().active_tab().and_then(|t| t.live.as_ref()) {
             live.hold_at(*event);
         }
