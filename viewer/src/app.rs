@@ -265,23 +265,22 @@ impl ViewerApp {
         );
     }
 
-    /// Stop (the shown run's experiment) and, natively, Save… (the shown run as a file).
+    /// For a live run: Stop (its experiment) while it runs and, natively, Save… (the run as a
+    /// file) once it ended. Shown only for live runs, so that the bar of a file stays as it was.
     fn live_buttons(&mut self, ui: &mut egui::Ui) {
-        let live = self.active_tab().and_then(|t| t.live.as_ref());
-        let stoppable = live.is_some_and(|l| !l.stop_requested());
-        if ui
-            .add_enabled(stoppable, egui::Button::new("⏹ Stop"))
-            .on_hover_text("stop the shown run's experiment at its next operation")
-            .clicked()
-            && let Some(live) = live
-        {
-            live.request_stop();
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let savable = self.active_tab().is_some_and(|t| !t.run.live);
+        let Some(tab) = self.tabs.get(self.active) else { return };
+        if let Some(live) = &tab.live {
             if ui
-                .add_enabled(savable, egui::Button::new("Save…"))
+                .add_enabled(!live.stop_requested(), egui::Button::new("⏹ Stop"))
+                .on_hover_text("stop the shown run's experiment at its next operation")
+                .clicked()
+            {
+                live.request_stop();
+            }
+        } else if tab.end_snapshot.is_some() {
+            #[cfg(not(target_arch = "wasm32"))]
+            if ui
+                .button("Save…")
                 .on_hover_text("save the shown run as a cachalot snapshot or a PyTorch snapshot pickle")
                 .clicked()
             {
