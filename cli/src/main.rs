@@ -60,7 +60,7 @@ enum Command {
     /// Put runs (snapshots of `run`, PyTorch's expected.json) side by side, with the reasons they differ.
     Compare(compare::CompareArgs),
     /// Open the pool viewer (or render it headless with --screenshot, or time it with --bench).
-    View(view::ViewArgs),
+    View(Box<view::ViewArgs>),
     /// Serve the web viewer (built by scripts/build-web.sh) on localhost.
     Serve(serve::ServeArgs),
 }

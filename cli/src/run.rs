@@ -18,6 +18,18 @@ pub struct RunArgs {
     /// The experiment.
     #[command(subcommand)]
     pub experiment: ExperimentCommand,
+    /// The device and where the snapshot goes.
+    #[command(flatten)]
+    pub run: RunOptions,
+    /// Print the abbreviated memory_summary().
+    #[arg(long, global = true)]
+    pub abbreviated: bool,
+}
+
+/// The device an experiment runs on and where its snapshot goes: the options `cachalot run`
+/// and `cachalot view --run` share.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunOptions {
     /// auto: CUDA, then wgpu's best adapter, then the simulator. sim runs the CPU reference
     /// kernels on the simulator's allocator (the profile says which device it stands for).
     #[arg(long, default_value = "auto", global = true, value_parser = ["auto", "cuda", "wgpu", "sim"])]
@@ -44,9 +56,22 @@ pub struct RunArgs {
     /// On the simulator, skip the kernels: allocations only (any size, instantly).
     #[arg(long, global = true)]
     pub no_compute: bool,
-    /// Print the abbreviated memory_summary().
-    #[arg(long, global = true)]
-    pub abbreviated: bool,
+}
+
+impl RunOptions {
+    /// How to open the device.
+    pub fn device_options(&self) -> anyhow::Result<DeviceOptions> {
+        let backend =
+            BackendRequest::parse(&self.backend).ok_or_else(|| anyhow!("unknown backend {}", self.backend))?;
+        Ok(DeviceOptions {
+            backend,
+            device: self.device,
+            config: self.config.clone(),
+            profile: self.profile.clone(),
+            capacity: self.capacity,
+            compute: !self.no_compute,
+        })
+    }
 }
 
 /// The experiments.
@@ -153,7 +178,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
+/// The experiment a command names, its parameters checked.
+pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
     Ok(match command {
         ExperimentCommand::Seeds => Experiment::Seeds,
         ExperimentCommand::MlpTrain(a) => {
@@ -206,15 +232,7 @@ fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
 /// written either way), 2 when the device cannot be opened or the input is bad.
 pub fn run(args: &RunArgs) -> Outcome {
     let experiment = experiment(&args.experiment).map_err(Failure::input)?;
-    let backend = BackendRequest::parse(&args.backend).ok_or_else(|| Failure::input(anyhow!("unknown backend")))?;
-    let options = DeviceOptions {
-        backend,
-        device: args.device,
-        config: args.config.clone(),
-        profile: args.profile.clone(),
-        capacity: args.capacity,
-        compute: !args.no_compute,
-    };
+    let options = args.run.device_options().map_err(Failure::input)?;
     let result = execute(&experiment, &options).map_err(|e| Failure::input(anyhow!(e)))?;
     let record = &result.record;
 
@@ -262,6 +280,7 @@ pub fn run(args: &RunArgs) -> Outcome {
     println!("\n{}", result.summary.trim_end());
 
     let out = args
+        .run
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{}.{}.json", experiment.name(), record.backend.name())));

@@ -207,6 +207,58 @@ fn view_without_a_display_says_what_to_do() {
     assert!(!stderr.contains("winit"), "{stderr}");
 }
 
+/// `cachalot view --run seeds --backend sim` headless, as `scripts/dev/live-cuda.sh` runs it on
+/// CUDA: a picture mid-run (the experiment held) and at the end, the window's end state checked,
+/// the run saved from the window, and that file's marks equal to PyTorch's.
+#[test]
+fn view_run_renders_a_live_run_mid_way_and_at_the_end_and_saves_pytorchs_marks() {
+    let dir = std::env::temp_dir().join(format!("cachalot-view-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).display().to_string();
+    let out = cachalot(&[
+        "view",
+        "--run",
+        "seeds",
+        "--backend",
+        "sim",
+        "--no-compute",
+        "--size",
+        "700x450",
+        "--screenshot",
+        &path("end.png"),
+        "--mid-screenshot",
+        &path("mid.png"),
+        "--mid-event",
+        "30",
+        "--out",
+        &path("seeds.live.json"),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("live run: seeds on sim"), "{stdout}");
+    assert!(stdout.contains("while the experiment was held there"), "{stdout}");
+    assert!(stdout.contains("end state: the window's rebuilt state matches the run's"), "{stdout}");
+    for png in ["mid.png", "end.png"] {
+        assert!(std::fs::metadata(dir.join(png)).unwrap().len() > 1000, "{png}");
+    }
+    let expected = traces().join("seeds.expected.json").display().to_string();
+    let compared = cachalot(&["compare", &expected, &path("seeds.live.json")]);
+    let report = text(&compared.stdout);
+    assert!(report.contains("linear_output") && !report.contains("marks differ"), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--run` and its experiment go together, and a device that cannot be used is an error.
+#[test]
+fn view_run_says_what_is_missing() {
+    let out = cachalot(&["view", "seeds", "--backend", "sim"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("needs --run before it"), "{}", text(&out.stderr));
+    let out = cachalot(&["view", "--run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--run needs an experiment"), "{}", text(&out.stderr));
+}
+
 /// `compare` takes PyTorch snapshot pickles beside cachalot's snapshots (replayed, as `cachalot
 /// replay --out` would), counts marks over those both runs have, and shows no total time for a
 /// run that timed nothing.

@@ -257,6 +257,25 @@ impl TraceRecorder {
         out.extend_from_slice(&self.entries[..self.next]);
         out
     }
+
+    /// Entries recorded at or after `from` (counted like `recorded`, from the start) that the
+    /// buffer still holds, oldest first: what a watcher that has seen `from` entries lacks,
+    /// copied without copying the rest of the buffer.
+    pub(crate) fn entries_since(&self, from: u64) -> Vec<TraceEntry> {
+        let held = self.entries.len() as u64;
+        let oldest = self.recorded - held;
+        // Entries the ring overwrote are gone; the watcher gets what is left.
+        let skip = from.saturating_sub(oldest).min(held) as usize;
+        let (newer, older) = self.entries.split_at(self.next);
+        let mut out = Vec::with_capacity(self.entries.len() - skip);
+        if skip < older.len() {
+            out.extend_from_slice(&older[skip..]);
+            out.extend_from_slice(newer);
+        } else {
+            out.extend_from_slice(&newer[skip - older.len()..]);
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -285,6 +304,26 @@ mod tests {
         let addrs: Vec<u64> = r.entries().iter().map(|e| e.addr).collect();
         assert_eq!(addrs, [2, 3, 4]);
         assert_eq!(r.recorded, 5);
+    }
+
+    #[test]
+    fn entries_since_returns_what_a_watcher_lacks_even_after_the_ring_wrapped() {
+        let mut r = TraceRecorder::default();
+        r.configure(true, 4, &[], false);
+        for a in 0..3 {
+            r.record(entry(a));
+        }
+        let addrs = |v: Vec<TraceEntry>| v.iter().map(|e| e.addr).collect::<Vec<_>>();
+        assert_eq!(addrs(r.entries_since(1)), [1, 2]);
+        assert_eq!(addrs(r.entries_since(3)), Vec::<u64>::new());
+        for a in 3..7 {
+            r.record(entry(a));
+        }
+        // The buffer holds 3..7 in ring order (next = 3).
+        assert_eq!(addrs(r.entries_since(5)), [5, 6]);
+        assert_eq!(addrs(r.entries_since(4)), [4, 5, 6]);
+        assert_eq!(addrs(r.entries_since(0)), [3, 4, 5, 6], "overwritten entries are gone");
+        assert_eq!(addrs(r.entries_since(7)), Vec::<u64>::new());
     }
 
     #[test]

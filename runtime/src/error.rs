@@ -48,6 +48,9 @@ pub enum RuntimeError {
     /// A result computed on the device differs from the CPU reference.
     #[error("check failed: {0}")]
     Check(String),
+    /// The run's watcher asked it to stop ([`crate::stream::TraceSink::stop_requested`]).
+    #[error("stopped by its watcher")]
+    Stopped,
     /// Reading an input file failed.
     #[error("{path}: {message}")]
     Input {

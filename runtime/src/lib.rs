@@ -15,6 +15,8 @@
 //! - [`runtime`]: [`Runtime`] and [`Tensor`];
 //! - [`experiments`]: `seeds`, `mlp-train`, `matmul-sweep`, `ops`;
 //! - [`select`]: `--backend auto|cuda|wgpu|sim`; [`run`](mod@run): a run and its snapshot;
+//! - [`stream`]: a run watched as it happens (a [`stream::TraceSink`] gets the allocator's
+//!   entries in batches and may stop it; the viewer's live runs);
 //! - [`comparison`]: runs side by side with the tested reasons they differ, as data
 //!   ([`comparison::Comparison`]; `cachalot compare` renders it as text);
 //! - [`bench`](mod@bench): op files timed on any backend (`cachalot bench`).
@@ -39,11 +41,12 @@ pub mod experiments;
 pub mod run;
 pub mod runtime;
 pub mod select;
+pub mod stream;
 
 pub use device::sim::{SimDevice, SimProfile};
 pub use device::{Activation, BackendKind, Device, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
 pub use error::RuntimeError;
 pub use experiments::{Experiment, MlpParams, Outcome, SweepParams};
-pub use run::{RunRecord, RunResult, execute, execute_async, execute_on};
+pub use run::{RunRecord, RunResult, execute, execute_async, execute_on, execute_watched};
 pub use runtime::{DType, LinearGrads, Runtime, Tensor};
 pub use select::{BackendRequest, DeviceOptions, Selection, open};

@@ -15,6 +15,7 @@ use crate::error::RuntimeError;
 use crate::experiments::{Experiment, Outcome};
 use crate::runtime::Runtime;
 use crate::select::{self, DeviceOptions, Selection};
+use crate::stream::TraceSink;
 
 /// Key of the machine-readable run record in `device.details`.
 pub const RECORD_KEY: &str = "cachalot.run";
@@ -62,6 +63,9 @@ impl RunRecord {
         for note in &self.notes {
             details.push(("run: note".into(), note.clone()));
         }
+        if let Some(error) = &self.error {
+            details.push(("run: error".into(), error.clone()));
+        }
         details.push((RECORD_KEY.into(), serde_json::to_string(self).unwrap_or_default()));
     }
 
@@ -105,6 +109,25 @@ pub fn execute_on(experiment: &Experiment, device: Box<dyn crate::device::Device
     let rt = Runtime::new(device);
     let result = experiment.run(&rt);
     record(experiment, &rt, selection, result)
+}
+
+/// Runs `experiment` on an opened device with `sink` watching it as it happens
+/// ([`crate::stream`]): the sink receives the whole trace, its stacks and marks while the run
+/// goes, and may stop it (the result then records [`RuntimeError::Stopped`]). The result is
+/// the same as [`execute_on`]'s.
+pub fn execute_watched(
+    experiment: &Experiment,
+    device: Box<dyn crate::device::Device>,
+    selection: Selection,
+    sink: Box<dyn TraceSink>,
+) -> RunResult {
+    let rt = Runtime::new(device);
+    rt.watch(sink);
+    let result = experiment.run(&rt);
+    let result = record(experiment, &rt, selection, result);
+    // What the experiment's last tensors freed on the way out.
+    rt.deliver_watched();
+    result
 }
 
 /// Runs `experiment` on `rt` without blocking (the browser's WebGPU device: see

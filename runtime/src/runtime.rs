@@ -37,6 +37,7 @@ use cachalot_trace::snapshot::file::Timing;
 
 use crate::device::{Activation, BackendKind, Device, PendingRead, QUEUE_STREAM, StreamDiscipline, Workspaces};
 use crate::error::RuntimeError;
+use crate::stream::{TraceSink, Watcher};
 
 /// Name of the frame that marks an allocation a matrix product made for itself: on CUDA,
 /// PyTorch's persistent cuBLAS / cuBLASLt workspaces.
@@ -78,6 +79,8 @@ struct Inner {
     contexts: HashMap<ContextKey, ContextId>,
     timings: Vec<Timing>,
     notes: Vec<String>,
+    /// Who watches the run as it happens, if anyone.
+    watcher: Option<Watcher>,
 }
 
 impl Inner {
@@ -116,6 +119,9 @@ impl Inner {
         if let Some(error) = self.deferred.pop() {
             self.deferred.clear();
             return Err(RuntimeError::Deferred(Box::new(error)));
+        }
+        if let Some(watcher) = &mut self.watcher {
+            watcher.before_operation(self.device.allocator())?;
         }
         let id = self.context(None, op);
         self.device.allocator_mut().set_context(Some(id));
@@ -286,7 +292,26 @@ impl Runtime {
                 contexts: HashMap::new(),
                 timings: Vec::new(),
                 notes: Vec::new(),
+                watcher: None,
             })),
+        }
+    }
+
+    /// Streams what the allocator records to `sink` as the run goes ([`crate::stream`]): it
+    /// gets the device and what was recorded so far now, batches while operations run, and
+    /// can stop the run. Replaces an earlier sink.
+    pub fn watch(&self, sink: Box<dyn TraceSink>) {
+        let mut inner = self.inner.borrow_mut();
+        let watcher = Watcher::attach(sink, inner.device.allocator());
+        inner.watcher = Some(watcher);
+    }
+
+    /// Hands the sink (if any) everything recorded that it has not seen yet.
+    pub fn deliver_watched(&self) {
+        let mut inner = self.inner.borrow_mut();
+        let Inner { watcher, device, .. } = &mut *inner;
+        if let Some(watcher) = watcher {
+            watcher.deliver(device.allocator());
         }
     }
 
@@ -383,6 +408,11 @@ impl Runtime {
         inner.enter("mark")?;
         inner.leave();
         inner.device.allocator_mut().mark(label.into());
+        // A mark is where a reader looks: the watcher sees it at once.
+        let Inner { watcher, device, .. } = &mut *inner;
+        if let Some(watcher) = watcher {
+            watcher.deliver(device.allocator());
+        }
         Ok(())
     }
 

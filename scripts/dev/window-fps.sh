@@ -5,6 +5,11 @@
 # development machine, or by lavapipe with `--renderer wgpu`.
 #
 #   scripts/dev/window-fps.sh [FILE] [VIEW OPTIONS]   # FILE: anything `cachalot view` opens; none: the empty window
+#   scripts/dev/window-fps.sh --run ops FILE --backend sim --no-compute   # a live run streaming in
+#
+# With --run (a live run, `cachalot view --run ...`), nothing is dragged: the frame rates are
+# reported every two seconds while the run streams (with the entries received so far), for
+# LIVE_SECONDS (default 12) after the window appeared.
 #
 # Environment: CACHALOT (the binary; default target/release/cachalot), WAIT (seconds to let the
 # file load before dragging; default 6), DRAG_Y (the height the mouse drags at; default 170, the
@@ -34,6 +39,14 @@ export DISPLAY=:$(head -n 1 "$displays") XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp
 CACHALOT_FRAME_STATS=1 "$cachalot" view "$@" >"$log" 2>&1 &
 app=$!
 for _ in $(seq 200); do xdotool search --name cachalot >/dev/null 2>&1 && break; sleep 0.1; done
+if [[ " $* " == *" --run "* ]]; then
+    sleep "${LIVE_SECONDS:-12}"
+    kill "$app" 2>/dev/null || { echo "window-fps.sh: the viewer exited early:" >&2; cat "$log" >&2; exit 1; }
+    wait "$app" 2>/dev/null || true
+    grep -v "frames/s" "$log" || true
+    grep "frames/s" "$log"
+    exit 0
+fi
 sleep "${WAIT:-6}"
 # Drag across the timeline's plot (the window is 1400x900; the plot sits at y = 100..240), or
 # at DRAG_Y (the Memory view's picture spans about y = 320..560).

@@ -42,6 +42,8 @@ pub struct ViewerApp {
     run_dialog: RunDialog,
     #[cfg(not(target_arch = "wasm32"))]
     open_dialog: crate::dialogs::OpenDialog,
+    #[cfg(not(target_arch = "wasm32"))]
+    save_dialog: crate::dialogs::SaveDialog,
     /// Drawn by a software rasterizer (Mesa's llvmpipe or lavapipe on a machine without a GPU): the panels
     /// then paint no fill and the window is cleared to their colour instead (see
     /// [`style::panel_frame`]).
@@ -71,6 +73,8 @@ impl ViewerApp {
             run_dialog: RunDialog::default(),
             #[cfg(not(target_arch = "wasm32"))]
             open_dialog: crate::dialogs::OpenDialog::default(),
+            #[cfg(not(target_arch = "wasm32"))]
+            save_dialog: crate::dialogs::SaveDialog::default(),
             software_rendering: false,
         }
     }
@@ -80,6 +84,13 @@ impl ViewerApp {
     pub fn with_experiments(mut self, experiments: Vec<Box<dyn Experiment>>) -> Self {
         self.experiments.extend(experiments);
         self
+    }
+
+    /// Starts the `index`th experiment offered (in the order given to
+    /// [`ViewerApp::with_experiments`]) on `backend` at the next frame, as the "Run experiment"
+    /// dialog would (`cachalot view --run`). If it cannot start, the dialog opens and says why.
+    pub fn start_experiment(&mut self, index: usize, backend: impl Into<String>) {
+        self.run_dialog.queue(index, backend);
     }
 
     /// Sets up fonts and style for an eframe creation context.
@@ -241,6 +252,7 @@ impl ViewerApp {
                     {
                         self.replay_active();
                     }
+                    self.live_buttons(ui);
                     ui.separator();
                     let close = tabs::tab_strip(ui, &self.tabs, &mut self.active);
                     self.loader.progress_bars(ui);
@@ -253,6 +265,30 @@ impl ViewerApp {
                 }
             },
         );
+    }
+
+    /// For a live run: Stop (its experiment) while it runs and, natively, Save… (the run as a
+    /// file) once it ended. Shown only for live runs, so that the bar of a file stays as it was.
+    fn live_buttons(&mut self, ui: &mut egui::Ui) {
+        let Some(tab) = self.tabs.get(self.active) else { return };
+        if let Some(live) = &tab.live {
+            if ui
+                .add_enabled(!live.stop_requested(), egui::Button::new("⏹ Stop"))
+                .on_hover_text("stop the shown run's experiment at its next operation")
+                .clicked()
+            {
+                live.request_stop();
+            }
+        } else if tab.end_snapshot.is_some() {
+            #[cfg(not(target_arch = "wasm32"))]
+            if ui
+                .button("Save…")
+                .on_hover_text("save the shown run as a cachalot snapshot or a PyTorch snapshot pickle")
+                .clicked()
+            {
+                self.save_dialog.open = true;
+            }
+        }
     }
 
     fn welcome(&mut self, ui: &mut egui::Ui) {
@@ -291,6 +327,10 @@ impl ViewerApp {
         #[cfg(not(target_arch = "wasm32"))]
         for path in self.open_dialog.show(ctx) {
             self.open_path(path);
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(path) = self.save_dialog.show(ctx, self.tabs.get(self.active)) {
+            self.notices.push(Notice::info(format!("wrote {}", path.display())));
         }
         if let Some(live) = self.run_dialog.show(ctx, &self.experiments) {
             self.add_live(live);

@@ -15,10 +15,17 @@
 //! the app calls once per frame to advance the experiment a little.
 //!
 //! [`SimExperiment`] is a built-in source that runs scripted workloads through the real
-//! allocator on the simulator, so live runs work (and are tested) without a GPU.
+//! allocator on the simulator, so live runs work (and are tested) without a GPU. Natively,
+//! [`runtime::RuntimeExperiment`] runs any experiment of `cachalot run` on any backend, watched
+//! through `cachalot_runtime::stream`. [`save`] turns a finished run back into a file: a
+//! cachalot snapshot or a PyTorch snapshot pickle.
+
+#[cfg(not(target_arch = "wasm32"))]
+pub mod runtime;
+pub mod save;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use cachalot_core::size::MIB;
@@ -57,10 +64,14 @@ pub enum LiveEvent {
     Failed(String),
 }
 
+/// The hold of a run that is not asked to pause.
+const NO_HOLD: u64 = u64::MAX;
+
 /// The viewer's end of a live run.
 pub struct LiveRun {
     receiver: mpsc::Receiver<LiveEvent>,
     stop: Arc<AtomicBool>,
+    hold: Arc<AtomicU64>,
     pump: Option<Box<dyn FnMut() -> bool>>,
 }
 
@@ -76,6 +87,7 @@ impl std::fmt::Debug for LiveRun {
 pub struct LiveSender {
     sender: mpsc::Sender<LiveEvent>,
     stop: Arc<AtomicBool>,
+    hold: Arc<AtomicU64>,
     repaint: Option<egui::Context>,
 }
 
@@ -83,7 +95,11 @@ pub struct LiveSender {
 pub fn channel() -> (LiveSender, LiveRun) {
     let (sender, receiver) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
-    (LiveSender { sender, stop: stop.clone(), repaint: None }, LiveRun { receiver, stop, pump: None })
+    let hold = Arc::new(AtomicU64::new(NO_HOLD));
+    (
+        LiveSender { sender, stop: stop.clone(), hold: hold.clone(), repaint: None },
+        LiveRun { receiver, stop, hold, pump: None },
+    )
 }
 
 impl LiveSender {
@@ -98,6 +114,13 @@ impl LiveSender {
     /// Whether the viewer asked the experiment to stop.
     pub fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Whether the viewer asked the experiment to wait once `entries_sent` entries went out
+    /// ([`LiveRun::hold_at`]). An experiment that honours it calls this after sending and waits
+    /// (on a thread) while it is true and no stop was requested.
+    pub fn held(&self, entries_sent: u64) -> bool {
+        entries_sent >= self.hold.load(Ordering::Relaxed) && !self.stop_requested()
     }
 
     /// Wakes `ctx` whenever something is sent.
@@ -118,6 +141,23 @@ impl LiveRun {
     /// Asks the experiment to stop.
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a stop was asked for.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Asks the experiment to pause once it has sent `entries` entries (experiments on a thread
+    /// that honour [`LiveSender::held`]), so that the viewer can show, or a headless run take a
+    /// picture of, a moment in the middle of a run while the device still holds it.
+    pub fn hold_at(&self, entries: u64) {
+        self.hold.store(entries, Ordering::Relaxed);
+    }
+
+    /// Lets a held experiment go on.
+    pub fn release(&self) {
+        self.hold.store(NO_HOLD, Ordering::Relaxed);
     }
 
     /// Runs the pump once (if any) and returns every event that arrived. `connected` turns

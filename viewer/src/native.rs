@@ -1,11 +1,15 @@
 //! Native-only parts: the window, headless screenshots (egui_kittest through wgpu, e.g. on
-//! Mesa's lavapipe) and the benchmark.
+//! Mesa's lavapipe) of files and of live runs, and the benchmark.
 
+mod live_bench;
+mod live_shots;
 mod renderer;
 
 use std::cell::Cell;
 use std::path::Path;
 
+pub use live_bench::{LiveBenchReport, LiveBenchRound, bench_live, live_bench_ops};
+pub use live_shots::{LiveShots, LiveShotsReport, live_screenshots};
 pub use renderer::{WindowRenderer, auto_renderer, is_software_gl, wgpu_adapters};
 
 use crate::app::ViewerApp;
@@ -29,8 +33,13 @@ impl eframe::App for FrameStats {
         self.frames += 1;
         let elapsed = now.duration_since(self.window_start).as_secs_f64();
         if elapsed >= 2.0 {
+            // A live run: how far it has come, so that its rate shows beside the frame rate.
+            let live = match self.app.active_tab() {
+                Some(tab) if tab.live.is_some() => format!(", live run: {} entries", tab.run.trace.len()),
+                _ => String::new(),
+            };
             eprintln!(
-                "cachalot: {:.1} frames/s, slowest frame interval {:.1} ms",
+                "cachalot: {:.1} frames/s, slowest frame interval {:.1} ms{live}",
                 f64::from(self.frames) / elapsed,
                 self.slowest * 1000.0
             );

@@ -78,6 +78,9 @@ pub struct RunTab {
     pub memory: MemoryTimelineState,
     /// Peak analysis settings.
     pub peak: PeakAnalysisState,
+    /// What a live experiment sent when it ended (its end state and facts; the trace came
+    /// entry by entry): what [`crate::live::save`] writes with the received trace.
+    pub end_snapshot: Option<Box<cachalot_trace::Snapshot>>,
 }
 
 impl RunTab {
@@ -96,6 +99,7 @@ impl RunTab {
             live: None,
             memory: MemoryTimelineState::default(),
             peak: PeakAnalysisState::default(),
+            end_snapshot: None,
         }
     }
 
@@ -139,13 +143,23 @@ impl RunTab {
                 LiveEvent::Entries(entries) => self.run.extend(entries),
                 LiveEvent::Mark(mark) => self.run.marks.push(mark),
                 LiveEvent::Finished(snapshot) => {
+                    // A run that stopped early says why in its facts (`cachalot-runtime`'s record).
+                    let stopped = snapshot.as_ref().and_then(|s| {
+                        s.device.details.iter().find(|(k, _)| k == RUN_ERROR_DETAIL).map(|(_, v)| v.clone())
+                    });
                     if let Some(snapshot) = snapshot {
-                        self.run.recorded_end = Some(snapshot.segments);
-                        self.run.recorded_stats = Some(snapshot.stats);
+                        self.run.recorded_end = Some(snapshot.segments.clone());
+                        self.run.recorded_stats = Some(snapshot.stats.clone());
+                        self.end_snapshot = Some(snapshot);
                     }
                     done = true;
                     let entries = format::count(self.run.trace.len() as u64);
-                    notices.push(Notice::info(format!("{}: finished, {entries} entries", self.run.name)));
+                    notices.push(match stopped {
+                        Some(why) => {
+                            Notice::error(format!("{}: ended early after {entries} entries: {why}", self.run.name))
+                        }
+                        None => Notice::info(format!("{}: finished, {entries} entries", self.run.name)),
+                    });
                 }
                 LiveEvent::Failed(message) => {
                     done = true;
@@ -164,6 +178,10 @@ impl RunTab {
         notices
     }
 }
+
+/// The fact of a run's snapshot that says why the run did not finish (written by
+/// `cachalot-runtime`'s run record).
+pub const RUN_ERROR_DETAIL: &str = "run: error";
 
 /// Where a run opens: the first moment its allocated memory is at its peak, which is where a
 /// reader of a memory picture looks first (at the end, a run has often freed everything, and the

@@ -303,6 +303,13 @@ impl<B: Backend> CachingAllocator<B> {
         self.recorder.entries()
     }
 
+    /// The recorded entries from number `from` on (counted as [`CachingAllocator::trace_len_total`]
+    /// counts), oldest first: a watcher that has seen `from` entries asks for the rest without the
+    /// whole history being copied. Entries the ring buffer overwrote are not returned.
+    pub fn trace_since(&self, from: u64) -> Vec<TraceEntry> {
+        self.recorder.entries_since(from)
+    }
+
     /// Entries recorded since history was first enabled, including ones the ring overwrote.
     pub fn trace_len_total(&self) -> u64 {
         self.recorder.recorded

@@ -51,6 +51,8 @@ pub trait Allocator {
     fn trace(&self) -> Vec<TraceEntry>;
     /// [`CachingAllocator::trace_len_total`].
     fn trace_len_total(&self) -> u64;
+    /// [`CachingAllocator::trace_since`].
+    fn trace_since(&self, from: u64) -> Vec<TraceEntry>;
     /// [`CachingAllocator::contexts`].
     fn contexts(&self) -> &ContextTable;
     /// [`CachingAllocator::intern_context`].
@@ -116,6 +118,9 @@ impl<B: Backend> Allocator for CachingAllocator<B> {
     }
     fn trace_len_total(&self) -> u64 {
         CachingAllocator::trace_len_total(self)
+    }
+    fn trace_since(&self, from: u64) -> Vec<TraceEntry> {
+        CachingAllocator::trace_since(self, from)
     }
     fn contexts(&self) -> &ContextTable {
         CachingAllocator::contexts(self)

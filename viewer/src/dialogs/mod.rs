@@ -1,12 +1,17 @@
 //! The app's dialogs: "Run experiment" (pick one of the experiments the host gave the viewer,
 //! and a backend, and start it) and, natively, "Open files" (a path field and the folder's
-//! files, so that no system dialog is needed).
+//! files, so that no system dialog is needed) and "Save run" (a finished run as a cachalot
+//! snapshot or a PyTorch pickle).
 
 #[cfg(not(target_arch = "wasm32"))]
 mod open_files;
+#[cfg(not(target_arch = "wasm32"))]
+mod save_run;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use open_files::OpenDialog;
+#[cfg(not(target_arch = "wasm32"))]
+pub use save_run::SaveDialog;
 
 use crate::live::{Experiment, LiveRun};
 use crate::style;
@@ -19,12 +24,30 @@ pub struct RunDialog {
     experiment: usize,
     backend: usize,
     error: Option<String>,
+    /// An experiment (index) and backend to start at the next frame without showing the dialog.
+    queued: Option<(usize, String)>,
 }
 
 impl RunDialog {
+    /// Starts experiment `index` of those offered on `backend` at the next frame, as if chosen
+    /// here (a command line's `--run`); if it cannot start, the dialog opens and says why.
+    pub fn queue(&mut self, index: usize, backend: impl Into<String>) {
+        self.queued = Some((index, backend.into()));
+    }
+
     /// Shows the dialog (if open) offering `experiments`; returns the run its Start button
     /// started. The dialog closes once one started and shows why when one could not.
     pub fn show(&mut self, ctx: &egui::Context, experiments: &[Box<dyn Experiment>]) -> Option<LiveRun> {
+        if let Some((index, backend)) = self.queued.take() {
+            let started = experiments.get(index).ok_or_else(|| format!("no experiment {index}"));
+            match started.and_then(|e| e.start(&backend, ctx)) {
+                Ok(live) => return Some(live),
+                Err(e) => {
+                    self.error = Some(e);
+                    self.open = true;
+                }
+            }
+        }
         if !self.open {
             return None;
         }
