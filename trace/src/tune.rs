@@ -174,8 +174,12 @@ pub struct Tuning {
     /// The trace's own settings, replayed as they are.
     pub baseline: Candidate,
     /// Every candidate, the baseline included, best first; ties keep the order of the search
-    /// (the baseline first).
+    /// (the baseline first). All are settings PyTorch accepts.
     pub ranked: Vec<Candidate>,
+    /// The trace's own settings under cachalot's own policy (`policy:cachalot`), when asked for
+    /// with [`Tuning::with_own_policy`]: not a setting PyTorch accepts, so never in `ranked`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_policy: Option<Candidate>,
 }
 
 impl Tuning {
@@ -193,6 +197,28 @@ impl Tuning {
     pub fn best_fitting(&self) -> Option<&Candidate> {
         self.ranked.iter().find(|c| c.fits())
     }
+
+    /// Adds the replay of the trace's own settings under cachalot's own policy
+    /// ([`OWN_POLICY`]), one more replay, to set beside PyTorch's best: what the job would need
+    /// with cachalot as its allocator.
+    pub fn with_own_policy(mut self, snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Self, TuneError> {
+        let settings = own_policy_settings(options.config.settings());
+        self.own_policy = Some(measure(snapshot, options, &settings)?);
+        Ok(self)
+    }
+}
+
+/// The key and value that select cachalot's own policy (`docs/allocator-rules.md` §24).
+pub const OWN_POLICY: &str = "policy:cachalot";
+
+/// `settings` with cachalot's own policy selected instead of any `policy` entry it has.
+pub fn own_policy_settings(settings: &str) -> String {
+    let mut entries: Vec<String> = all_entries(settings)
+        .into_iter()
+        .filter(|entry| entry.split(':').next().is_none_or(|key| key.trim() != "policy"))
+        .collect();
+    entries.push(OWN_POLICY.to_owned());
+    entries.join(",")
 }
 
 /// A search that could not run.
@@ -239,7 +265,7 @@ pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Object
     ranked.extend(single_results.into_iter().flatten());
     ranked.extend(combination_results.into_iter().flatten());
     rank(&mut ranked, objective);
-    Ok(Tuning { objective, device_total: options.device_total, baseline, ranked })
+    Ok(Tuning { objective, device_total: options.device_total, baseline, ranked, own_policy: None })
 }
 
 /// Sorts best first; the sort is stable, so ties keep the search's order.
@@ -486,9 +512,17 @@ fn fraction_text(fraction: f64) -> Option<String> {
     (text.parse::<f64>().is_ok_and(|f| f > 0.0 && f < 1.0)).then(|| text.to_owned())
 }
 
-/// The `key:value` entries of `settings` whose keys the search does not set, as written
-/// (top-level commas separate entries; a `[...]` list keeps its own).
+/// The `key:value` entries of `settings` whose keys the search does not set, as written.
 fn unsearched_entries(settings: &str) -> Vec<String> {
+    all_entries(settings)
+        .into_iter()
+        .filter(|entry| !SEARCHED_KEYS.contains(&entry.split(':').next().unwrap_or("").trim()))
+        .collect()
+}
+
+/// The `key:value` entries of `settings`, as written (top-level commas separate entries; a
+/// `[...]` list keeps its own).
+fn all_entries(settings: &str) -> Vec<String> {
     let mut entries = Vec::new();
     let (mut depth, mut start) = (0usize, 0);
     for (i, ch) in settings.char_indices().chain([(settings.len(), ',')]) {
@@ -497,8 +531,7 @@ fn unsearched_entries(settings: &str) -> Vec<String> {
             ']' => depth = depth.saturating_sub(1),
             ',' if depth == 0 => {
                 let entry = settings[start..i].trim();
-                let key = entry.split(':').next().unwrap_or("").trim();
-                if !entry.is_empty() && !SEARCHED_KEYS.contains(&key) {
+                if !entry.is_empty() {
                     entries.push(entry.to_owned());
                 }
                 start = i + 1;
@@ -552,6 +585,16 @@ mod tests {
 
     fn all_settings(space: &SearchSpace, choices: &[Choice]) -> Vec<String> {
         choices.iter().map(|c| space.settings(c)).collect()
+    }
+
+    #[test]
+    fn own_policy_keeps_the_other_keys() {
+        assert_eq!(own_policy_settings(""), "policy:cachalot");
+        assert_eq!(
+            own_policy_settings("max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4],policy:pytorch"),
+            "max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4],policy:cachalot"
+        );
+        assert!(AllocatorConfig::parse(&own_policy_settings("garbage_collection_threshold:0.6")).is_ok());
     }
 
     #[test]
