@@ -122,3 +122,23 @@ fn an_impossible_device_total_is_an_error() {
         assert!(!stderr.contains("panicked"), "{command}: {stderr}");
     }
 }
+
+#[test]
+fn own_policy_is_set_beside_the_ranking_not_in_it() {
+    let multistream = trace("multistream");
+    let tuning = tune_json(&["--own-policy", &multistream]);
+    let own = &tuning["own_policy"];
+    assert_eq!(own["settings"], "policy:cachalot", "{own}");
+    assert_eq!(own["pytorch_setting"], false);
+    let ranked = tuning["ranked"].as_array().unwrap();
+    assert!(ranked.iter().all(|c| !c["settings"].as_str().unwrap().contains("policy")), "{tuning}");
+    let (peak, ooms) = stats_peak_and_ooms(&multistream, &["--config", "policy:cachalot"]);
+    assert_eq!(own["peak_reserved"].as_u64(), Some(peak));
+    assert_eq!(own["ooms"].as_u64(), Some(ooms));
+    assert!(peak < tuning["winner"]["peak_reserved"].as_u64().unwrap(), "{tuning}");
+
+    let out = cachalot(&["tune", "--own-policy", "--top", "1", &multistream]);
+    let table = text(&out.stdout);
+    assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+    assert!(tune_json(&[&multistream]).get("own_policy").is_none_or(Value::is_null));
+}
