@@ -18,12 +18,13 @@
 //! 3. **No segment pinned by a smaller block**: a best-fit hit on a whole cached segment larger
 //!    than the segment a miss would take is treated as a miss, so the segment goes back to the
 //!    device instead of being split under the request.
-//! 4. **Cached memory on a miss**: before asking the device for more, every cached segment that is
-//!    entirely free (of any stream and either pool) is returned, and every fully free page
-//!    unmapped. Reserved memory then only grows while the cache holds nothing that could be
-//!    given back, which is what brings the peak close to peak allocated: PyTorch's policy keeps
-//!    such memory (even that of another stream, which cannot serve the request) and takes new
-//!    memory beside it.
+//! 4. **Cached memory before a new peak**: when a miss would take reserved memory above its peak
+//!    so far, every cached segment that is entirely free (of any stream and either pool) is
+//!    returned first, and every fully free page unmapped. The peak then only rises while the
+//!    cache holds nothing that could be given back, which is what brings it close to peak
+//!    allocated: PyTorch's policy keeps such memory (even that of another stream, which cannot
+//!    serve the request) and takes new memory beside it. Below the peak the cache is kept, as
+//!    PyTorch keeps it.
 //!
 //! The price is device calls: a job that frees and re-allocates a different size goes back to
 //! the device more often (`num_device_alloc` / `num_device_free` show it, and `cachalot tune
@@ -81,9 +82,15 @@ impl<B: Backend> CachingAllocator<B> {
         None
     }
 
-    /// Returns every entirely free cached segment to the device and unmaps every fully free
-    /// expandable page, in both pools, before a cache miss takes new memory.
-    pub(super) fn return_free_memory(&mut self) -> Result<(), AllocatorError> {
+    /// Before a cache miss takes new memory for `request`: if that would raise reserved memory
+    /// above its peak so far, returns every entirely free cached segment to the device and
+    /// unmaps every fully free page, in both pools. Below the peak the cache is kept: taking
+    /// memory there cannot raise the peak, and keeping it spares the device calls (and the scan
+    /// of the free blocks) of a job that comes back to sizes it has freed.
+    pub(super) fn return_free_memory_before(&mut self, request: &Request) -> Result<(), AllocatorError> {
+        if self.memory_reserved().saturating_add(request.alloc_size) <= self.stats.max_memory_reserved() {
+            return Ok(());
+        }
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)
     }
@@ -124,6 +131,27 @@ mod tests {
             assert_eq!(allocator.memory_reserved(), reserved, "{settings:?}");
             allocator.check_consistency().unwrap();
         }
+    }
+
+    #[test]
+    fn below_the_peak_a_miss_keeps_the_cache() {
+        let mut allocator = allocator("policy:cachalot");
+        let a = allocator.malloc(40 * MIB, StreamId::DEFAULT).unwrap();
+        let _b = allocator.malloc(8 * MIB, StreamId(7)).unwrap();
+        allocator.free(a).unwrap();
+        allocator.empty_cache().unwrap();
+        assert_eq!((allocator.memory_reserved(), allocator.stats().max_memory_reserved()), (8 * MIB, 48 * MIB));
+        let c = allocator.malloc(16 * MIB, StreamId::DEFAULT).unwrap();
+        allocator.free(c).unwrap();
+        // 24 MiB reserved, 16 of them cached on the default stream: another stream's 8 MiB
+        // stays below the peak of 48, so the cache is kept.
+        allocator.malloc(8 * MIB, StreamId(9)).unwrap();
+        assert_eq!(allocator.memory_reserved(), 32 * MIB);
+        // Another 20 MiB would pass the peak: the 16 cached MiB go back first.
+        allocator.malloc(20 * MIB, StreamId(9)).unwrap();
+        assert_eq!(allocator.memory_reserved(), 36 * MIB);
+        assert_eq!(allocator.stats().max_memory_reserved(), 48 * MIB);
+        allocator.check_consistency().unwrap();
     }
 
     #[test]

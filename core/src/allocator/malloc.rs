@@ -66,7 +66,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         if found.is_none() {
             if policy == Policy::Cachalot {
-                self.return_free_memory()?;
+                self.return_free_memory_before(&request)?;
             }
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
