@@ -38,6 +38,7 @@ pub enum AllocatorBackendKind {
 pub enum Policy {
     /// PyTorch 2.11's caching allocator, exact to the byte (`policy:pytorch`, the default).
     #[default]
+    #[cfg_attr(feature = "serde", serde(rename = "pytorch"))]
     PyTorch,
     /// cachalot's low-fragmentation policy (`policy:cachalot`): 512-byte rounding, 2 MiB pages
     /// where the device maps them (segments sized to the request where it does not), and fully
