@@ -40,6 +40,8 @@ pub struct TuneArgs {
     pub top: u64,
     /// Also replay the trace's settings under cachalot's own policy (`policy:cachalot`, not a
     /// PyTorch setting: it needs cachalot as the allocator) and set it beside PyTorch's best.
+    /// Settings that already select it get this without the flag; their `policy` entry is left
+    /// out of the PyTorch candidates.
     #[arg(long)]
     pub own_policy: bool,
 }
@@ -134,6 +136,12 @@ fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
         format_size(tuning.device_total),
         tuning.objective.name()
     );
+    if !tuning.dropped.is_empty() {
+        println!(
+            "note: {} left out of the trace's settings and every candidate: cachalot's own key, which PyTorch refuses",
+            tuning.dropped.join(",")
+        );
+    }
     println!(
         "{:>5}  {:>15}  {:>9}  {:>5}  {:>9}  {:>13}  {:>12}  {:<width$}  allocator time",
         "rank", "peak reserved", "reserved/", "OOMs", "first OOM", "device allocs", "device frees", "setting"
@@ -268,6 +276,7 @@ fn json(args: &TuneArgs, path: &Path, tuning: &Tuning) -> serde_json::Value {
         "winner_line": paste_line(&winner.settings),
         "peak_reserved_saving": { "bytes": saving, "percent": percent },
         "best_fitting": tuning.best_fitting().map(|c| c.settings.clone()),
+        "dropped": tuning.dropped,
         "own_policy": tuning.own_policy.as_ref().map(|c| {
             let mut value = candidate(c, 0);
             if let Some(object) = value.as_object_mut() {
