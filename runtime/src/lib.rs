@@ -38,6 +38,7 @@ pub mod experiments;
 pub mod run;
 pub mod runtime;
 pub mod select;
+pub mod trace_replay;
 
 pub use device::sim::{SimDevice, SimProfile};
 pub use device::{Activation, BackendKind, Device, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};
