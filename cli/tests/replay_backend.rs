@@ -1,7 +1,8 @@
-//! `cachalot replay --backend wgpu`: the trace's allocator calls made on a wgpu device (Mesa's
-//! lavapipe here and in CI) report what the simulator replay reports, and a device limit that
-//! refuses a request is named with the request and its trace entry. Skips without a wgpu
-//! adapter unless `CACHALOT_REQUIRE_GPU` is set.
+//! `cachalot replay --backend cuda|wgpu`: the trace's allocator calls made on a device (wgpu:
+//! Mesa's lavapipe here and in CI) report what the simulator replay reports, and a device limit
+//! that refuses a request is named with the request and its trace entry. wgpu tests skip without
+//! an adapter unless `CACHALOT_REQUIRE_GPU` is set, CUDA tests without a CUDA device unless
+//! `CACHALOT_REQUIRE_CUDA` is set.
 
 #![allow(clippy::unwrap_used, reason = "test")]
 
@@ -9,21 +10,26 @@ mod common;
 
 use common::{cachalot, text, trace};
 
-fn gpu_required() -> bool {
-    std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0")
+fn required(variable: &str) -> bool {
+    std::env::var(variable).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// `cachalot replay --backend wgpu ARGS...`'s stdout, or `None` (after saying so) when there is
-/// no wgpu adapter and none is required.
-fn replay_on_wgpu(args: &[&str]) -> Option<String> {
-    let out = cachalot(&[&["replay", "--backend", "wgpu"], args].concat());
+/// `cachalot replay --backend BACKEND ARGS...`'s stdout, or `None` (after saying so) when the
+/// backend has no device and none is required.
+fn replay_on(backend: &str, args: &[&str]) -> Option<String> {
+    let out = cachalot(&[&["replay", "--backend", backend], args].concat());
     let stderr = text(&out.stderr);
-    if !out.status.success() && stderr.contains("backend wgpu is not usable") && !gpu_required() {
-        eprintln!("skipped: no wgpu adapter ({stderr}); set CACHALOT_REQUIRE_GPU=1 to fail instead");
+    let variable = if backend == "cuda" { "CACHALOT_REQUIRE_CUDA" } else { "CACHALOT_REQUIRE_GPU" };
+    if !out.status.success() && stderr.contains(&format!("backend {backend} is not usable")) && !required(variable) {
+        eprintln!("skipped: no {backend} device ({stderr}); set {variable}=1 to fail instead");
         return None;
     }
     assert!(out.status.success(), "{stderr}");
     Some(text(&out.stdout))
+}
+
+fn replay_on_wgpu(args: &[&str]) -> Option<String> {
+    replay_on("wgpu", args)
 }
 
 /// The simulator's line without its time: `NAME: N entries, ...`.
@@ -32,16 +38,17 @@ fn without_time(line: &str) -> String {
     format!("{head}{}", &tail[tail.find(" s,").unwrap() + 2..])
 }
 
-#[test]
-fn wgpu_reports_the_simulators_stats() {
+/// A device replay's lines against the simulator's: the same end state, OOMs, peaks and device
+/// calls (the reference traces fit on any device these tests run on).
+fn reports_the_simulators_stats(backend: &str) {
     for name in ["multistream", "convnet_train", "kvcache_infer"] {
         let path = trace(name);
-        let Some(wgpu) = replay_on_wgpu(&[&path]) else { return };
+        let Some(wgpu) = replay_on(backend, &[&path]) else { return };
         let sim = cachalot(&["replay", "--backend", "sim", &path]);
         assert!(sim.status.success());
         let sim_line = without_time(text(&sim.stdout).lines().next().unwrap());
         let lines: Vec<&str> = wgpu.lines().collect();
-        assert!(lines[0].starts_with(&format!("{name}: on wgpu, ")), "{wgpu}");
+        assert!(lines[0].starts_with(&format!("{name}: on {backend}, ")), "{wgpu}");
         assert_eq!(without_time(lines[1]), sim_line, "{wgpu}");
 
         let stats = cachalot(&["stats", &path, "--json"]);
@@ -55,6 +62,16 @@ fn wgpu_reports_the_simulators_stats() {
         );
         assert_eq!(lines[2], peaks, "{wgpu}");
     }
+}
+
+#[test]
+fn wgpu_reports_the_simulators_stats() {
+    reports_the_simulators_stats("wgpu");
+}
+
+#[test]
+fn cuda_reports_the_simulators_stats() {
+    reports_the_simulators_stats("cuda");
 }
 
 #[test]
@@ -83,6 +100,7 @@ fn check_and_out_need_the_simulator() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(text(&out.stderr).contains("need --backend sim"), "{}", text(&out.stderr));
     }
-    let out = cachalot(&["replay", "--backend", "cuda", &path]);
+    let out = cachalot(&["replay", "--adapter", "0", &path]);
     assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--adapter applies to --backend cuda or wgpu only"));
 }

@@ -1,5 +1,5 @@
-//! `cachalot replay TRACE --backend wgpu`: a recorded PyTorch trace's allocation stream made
-//! again on a device's memory, through the same allocator.
+//! `cachalot replay TRACE --backend cuda|wgpu`: a recorded PyTorch trace's allocation stream
+//! made again on a device's memory, through the same allocator.
 //!
 //! The simulator's replay ([`cachalot_trace::replay::replay`]) decides what the recorded program
 //! did (its allocations and frees, which frees waited for another stream, where it called
@@ -18,12 +18,20 @@
 //! the trace's `free_completed` entry. A device limit that refuses a request (wgpu's
 //! `max_buffer_size`, or the configured capacity, since wgpu cannot query free memory) is named
 //! with the request and its trace entry ([`LimitHit`]).
+//!
+//! # Streams on CUDA
+//!
+//! Each stream of the trace gets a CUDA stream of its own (the trace's default stream, 0, is
+//! the device's default stream), so segments and pools are per stream as in the recorded run.
+//! A deferred free is recorded on one more stream, a side stream with no work on it: its event
+//! has completed by the next allocator call, so, as on wgpu, the free completes there rather
+//! than at the trace's `free_completed` entry.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cachalot_core::error::AllocatorError;
-use cachalot_core::{Allocation, Backend, CachingAllocator};
+use cachalot_core::{Allocation, Backend, CachingAllocator, StreamId};
 use cachalot_trace::replay::{ReplayCall, ReplayOom, ReplayOptions, replay};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_wgpu::WgpuContext;
@@ -73,19 +81,25 @@ pub struct DeviceReplay {
     pub skipped_frees: usize,
 }
 
-/// Makes `calls` on `allocator`: deferred frees are recorded on `deferred_stream` first. A
-/// request that fails is an OOM of the result (with the limit named where the backend named
-/// one), and the free of what it would have made is skipped; any other error stops the replay.
+/// What [`make_calls`] saw: the OOMs, those a device limit caused, and the frees skipped.
+pub type CallOutcome = (Vec<ReplayOom>, Vec<LimitHit>, usize);
+
+/// Makes `calls` on `allocator`, each trace stream replaced by `stream_of(stream)`; deferred
+/// frees are recorded on `deferred_stream` first. A request that fails is an OOM of the result
+/// (with the limit named where the backend named one), and the free of what it would have made
+/// is skipped; any other error stops the replay.
 pub fn make_calls<B: Backend>(
     allocator: &mut CachingAllocator<B>,
     calls: &[ReplayCall],
-    deferred_stream: cachalot_core::StreamId,
-) -> Result<(Vec<ReplayOom>, Vec<LimitHit>, usize), RuntimeError> {
+    stream_of: impl Fn(StreamId) -> StreamId,
+    deferred_stream: StreamId,
+) -> Result<CallOutcome, RuntimeError> {
     let mut live: HashMap<usize, Allocation> = HashMap::new();
     let (mut ooms, mut limits, mut skipped) = (Vec::new(), Vec::new(), 0);
     for &call in calls {
         match call {
-            ReplayCall::Malloc { index, size, stream, recorded_oom } => match allocator.malloc(size, stream) {
+            ReplayCall::Malloc { index, size, stream, recorded_oom } => match allocator.malloc(size, stream_of(stream))
+            {
                 // PyTorch ran out of memory here and the program went on without the block.
                 Ok(allocation) if recorded_oom => allocator.free(allocation)?,
                 Ok(allocation) => {
@@ -132,11 +146,58 @@ pub fn replay_on_wgpu(
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
     }
-    let (ooms, limits, skipped_frees) = make_calls(&mut allocator, &sim.calls, QUEUE_STREAM)?;
+    let outcome = make_calls(&mut allocator, &sim.calls, |stream| stream, QUEUE_STREAM)?;
+    let result = summary(device, sim.entries, &allocator, outcome);
+    context.wait_idle()?;
+    allocator.empty_cache()?;
+    Ok(result)
+}
+
+/// Replays `snapshot` on CUDA device `ordinal` (its own memory: `options.device_total` is not
+/// used), under `options`' allocator settings and memory fraction, one CUDA stream per trace
+/// stream. The device's memory is given back before returning.
+pub fn replay_on_cuda(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    ordinal: usize,
+) -> Result<DeviceReplay, RuntimeError> {
+    let device = cachalot_cuda::probe(ordinal)
+        .map_err(|e| RuntimeError::Unavailable { backend: "cuda", reason: e.to_string() })?;
+    let recorded = ReplayOptions { record_calls: true, ..options.clone() };
+    let sim = replay(snapshot, &recorded, |_, _| {}).map_err(|e| RuntimeError::Parameters(e.to_string()))?;
+    let mut allocator = cachalot_cuda::caching_allocator(ordinal, options.config.clone())?;
+    if let Some(fraction) = options.memory_fraction {
+        allocator.set_memory_fraction(fraction)?;
+    }
+    let cuda = Arc::clone(allocator.backend().cuda());
+    let mut streams: HashMap<StreamId, StreamId> = HashMap::from([(StreamId::DEFAULT, StreamId::DEFAULT)]);
+    for call in &sim.calls {
+        if let ReplayCall::Malloc { stream, .. } = call
+            && !streams.contains_key(stream)
+        {
+            streams.insert(*stream, cuda.new_stream()?);
+        }
+    }
+    let side = cuda.new_stream()?;
+    let outcome =
+        make_calls(&mut allocator, &sim.calls, |stream| streams.get(&stream).copied().unwrap_or(stream), side)?;
+    let result = summary(device, sim.entries, &allocator, outcome);
+    cuda.synchronize()?;
+    allocator.empty_cache()?;
+    Ok(result)
+}
+
+/// The result's figures from the allocator after the calls.
+fn summary<B: Backend>(
+    device: String,
+    entries: usize,
+    allocator: &CachingAllocator<B>,
+    (ooms, limits, skipped_frees): CallOutcome,
+) -> DeviceReplay {
     let stats = allocator.stats();
-    let result = DeviceReplay {
+    DeviceReplay {
         device,
-        entries: sim.entries,
+        entries,
         segments: allocator.snapshot().len(),
         allocated: allocator.memory_allocated(),
         reserved: allocator.memory_reserved(),
@@ -147,10 +208,7 @@ pub fn replay_on_wgpu(
         ooms,
         limits,
         skipped_frees,
-    };
-    context.wait_idle()?;
-    allocator.empty_cache()?;
-    Ok(result)
+    }
 }
 
 #[cfg(test)]
@@ -181,7 +239,7 @@ mod tests {
             assert_eq!(deferred, name == "multistream", "{name}: frees that wait for another stream");
             let mut allocator =
                 CachingAllocator::new(SimBackend::new(options.device_total), options.config.clone()).unwrap();
-            let (ooms, limits, skipped) = make_calls(&mut allocator, &replayed.calls, QUEUE_STREAM).unwrap();
+            let (ooms, limits, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s, QUEUE_STREAM).unwrap();
             assert_eq!((ooms.len(), limits.len(), skipped), (0, 0, 0), "{name}");
             let (want, got) = (replayed.allocator.stats(), allocator.stats());
             assert_eq!(got.max_memory_reserved(), want.max_memory_reserved(), "{name}");
@@ -205,7 +263,7 @@ mod tests {
         let replayed = replay(&snapshot, &options, |_, _| {}).unwrap();
         let mut allocator =
             CachingAllocator::new(SimBackend::new(options.device_total), options.config.clone()).unwrap();
-        let (ooms, _, skipped) = make_calls(&mut allocator, &replayed.calls, QUEUE_STREAM).unwrap();
+        let (ooms, _, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s, QUEUE_STREAM).unwrap();
         let indices = |o: &[ReplayOom]| o.iter().map(|o| o.index).collect::<Vec<_>>();
         assert!(!ooms.is_empty());
         assert_eq!(indices(&ooms), indices(&replayed.ooms));
