@@ -92,7 +92,12 @@ fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
     }
     let failure = |e| Failure::input(anyhow!("{}: {e}", path.display()));
     let tuning = tune(&snapshot, &options, args.objective).map_err(failure)?;
-    if args.own_policy { tuning.with_own_policy(&snapshot, &options).map_err(failure) } else { Ok(tuning) }
+    // Settings that select cachalot's policy already have it replayed beside the ranking.
+    if args.own_policy && tuning.own_policy.is_none() {
+        tuning.with_own_policy(&snapshot, &options).map_err(failure)
+    } else {
+        Ok(tuning)
+    }
 }
 
 /// A setting as the table shows it: the empty one is PyTorch's defaults.
