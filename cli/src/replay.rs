@@ -1,5 +1,7 @@
-//! `cachalot replay TRACE... [--check]`: replays recorded PyTorch traces through the allocator
-//! on the simulator and, with `--check`, compares the result with what PyTorch recorded.
+//! `cachalot replay TRACE... [--check] [--backend sim|cuda|wgpu]`: replays recorded PyTorch
+//! traces through the allocator on the simulator and, with `--check`, compares the result with
+//! what PyTorch recorded; with `--backend cuda|wgpu`, makes the trace's allocator calls again on
+//! a device's memory (`cachalot_runtime::trace_replay`).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -49,12 +51,32 @@ pub struct ReplayArgs {
     /// With several traces, a directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Where the allocator's memory lives: `sim` (the simulator, exact against the recording),
+    /// `cuda` (a CUDA device's memory, a CUDA stream per trace stream) or `wgpu` (a wgpu
+    /// adapter's buffers: every trace stream keeps its own pools, all on the one queue). On a
+    /// device, deferred frees complete at the next allocator call, and a device limit that
+    /// refuses a request is named with the request and its trace entry.
+    #[arg(long, default_value = "sim", value_parser = ["sim", "cuda", "wgpu"])]
+    pub backend: String,
+    /// With `--backend wgpu`: the adapter's index in wgpu's enumeration (default: the best);
+    /// with `--backend cuda`: the device's ordinal (default: 0).
+    #[arg(long)]
+    pub adapter: Option<usize>,
 }
 
 /// Runs the command: one line per trace; exit status 1 if any trace mismatches, 2 on bad input.
 pub fn run(args: &ReplayArgs) -> Outcome {
     if args.oom_snapshot.as_ref().is_some_and(|d| !d.is_dir()) {
         return Err(Failure::input(anyhow!("--oom-snapshot must be an existing directory")));
+    }
+    if args.backend != "sim" && (args.check || args.out.is_some()) {
+        return Err(Failure::input(anyhow!(
+            "--check and --out need --backend sim: the recording is compared with the simulator's replay, \
+             which places segments where PyTorch's did"
+        )));
+    }
+    if args.adapter.is_some() && args.backend == "sim" {
+        return Err(Failure::input(anyhow!("--adapter applies to --backend cuda or wgpu only")));
     }
     if args.out.as_ref().is_some_and(|o| args.traces.len() > 1 && !o.is_dir()) {
         return Err(Failure::input(anyhow!("--out must be an existing directory when replaying several traces")));
@@ -97,6 +119,9 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
     let name = trace_name(path);
     let expected = expected_beside(path)?;
     let options = options(args, path, snapshot, expected.as_ref())?;
+    if args.backend != "sim" {
+        return Ok(replay_on_device(args, &name, snapshot, &options)?);
+    }
     let started = Instant::now();
     let bar = progress_bar(&name);
     let dumps = OomDumps::default();
@@ -169,6 +194,48 @@ impl OomDumps {
             }
         })
     }
+}
+
+/// Replays `snapshot` on a CUDA or wgpu device and prints the simulator's line for it, then the peaks
+/// and device calls, and the first request a device limit refused (each such request is an OOM
+/// of the result; the replay goes on without its block, and the block's free is skipped).
+fn replay_on_device(args: &ReplayArgs, name: &str, snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<bool> {
+    use cachalot_runtime::trace_replay::{replay_on_cuda, replay_on_wgpu};
+    let started = Instant::now();
+    let device = if args.backend == "cuda" {
+        replay_on_cuda(snapshot, options, args.adapter.unwrap_or(0))
+    } else {
+        replay_on_wgpu(snapshot, options, args.adapter)
+    }
+    .with_context(|| format!("{name}: replay on {}", args.backend))?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!("{name}: on {}, {}", args.backend, device.device);
+    println!(
+        "{name}: {} entries in {seconds:.2} s, {} segments, allocated {} B, reserved {} B, {} OOMs",
+        device.entries,
+        device.segments,
+        device.allocated,
+        device.reserved,
+        device.ooms.len()
+    );
+    println!(
+        "{name}: peak allocated {} B, peak reserved {} B, device allocations {}, device frees {}",
+        device.peak_allocated, device.peak_reserved, device.device_allocs, device.device_frees
+    );
+    if let Some(hit) = device.limits.first() {
+        println!(
+            "{name}: first request refused by a device limit: device_traces[{}][{}], {} B: {}",
+            options.device, hit.index, hit.size, hit.limit
+        );
+        if device.limits.len() > 1 {
+            let last = device.limits.last().map_or(0, |h| h.index);
+            println!("{name}: {} more refused by device limits, the last at entry {last}", device.limits.len() - 1);
+        }
+    }
+    if device.skipped_frees > 0 {
+        println!("{name}: {} frees skipped: their allocations failed on this device", device.skipped_frees);
+    }
+    Ok(true)
 }
 
 /// A trace's name: its file name without `.pickle`.

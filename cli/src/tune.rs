@@ -38,6 +38,12 @@ pub struct TuneArgs {
     /// Rows of the ranking shown.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub top: u64,
+    /// Also replay the trace's settings under cachalot's own policy (`policy:cachalot`, not a
+    /// PyTorch setting: it needs cachalot as the allocator) and set it beside PyTorch's best.
+    /// Settings that already select it get this without the flag; their `policy` entry is left
+    /// out of the PyTorch candidates.
+    #[arg(long)]
+    pub own_policy: bool,
 }
 
 fn parse_objective(text: &str) -> Result<Objective, String> {
@@ -84,7 +90,14 @@ fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
     if let Some(total) = args.device_total {
         options.device_total = total;
     }
-    tune(&snapshot, &options, args.objective).map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))
+    let failure = |e| Failure::input(anyhow!("{}: {e}", path.display()));
+    let tuning = tune(&snapshot, &options, args.objective).map_err(failure)?;
+    // Settings that select cachalot's policy already have it replayed beside the ranking.
+    if args.own_policy && tuning.own_policy.is_none() {
+        tuning.with_own_policy(&snapshot, &options).map_err(failure)
+    } else {
+        Ok(tuning)
+    }
 }
 
 /// A setting as the table shows it: the empty one is PyTorch's defaults.
@@ -128,6 +141,12 @@ fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
         format_size(tuning.device_total),
         tuning.objective.name()
     );
+    if !tuning.dropped.is_empty() {
+        println!(
+            "note: {} left out of the trace's settings and every candidate: cachalot's own key, which PyTorch refuses",
+            tuning.dropped.join(",")
+        );
+    }
     println!(
         "{:>5}  {:>15}  {:>9}  {:>5}  {:>9}  {:>13}  {:>12}  {:<width$}  allocator time",
         "rank", "peak reserved", "reserved/", "OOMs", "first OOM", "device allocs", "device frees", "setting"
@@ -151,6 +170,30 @@ fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
     if args.device_total.is_some() || !tuning.winner().fits() {
         print_fit(tuning);
     }
+    if let Some(own) = &tuning.own_policy {
+        print_own_policy(own, tuning.winner());
+    }
+}
+
+/// cachalot's own policy beside PyTorch's best setting.
+fn print_own_policy(own: &Candidate, best: &Candidate) {
+    println!("cachalot's own policy (not a PyTorch setting: it needs cachalot as the allocator): {}", own.settings);
+    let (saving, percent) = saving(best.peak_reserved, own.peak_reserved);
+    println!(
+        "  peak reserved {} B ({:.2}x peak allocated) instead of PyTorch's best {} B: {} {} B ({percent:.1}%)",
+        group_digits(own.peak_reserved),
+        own.reserved_per_allocated(),
+        group_digits(best.peak_reserved),
+        if saving >= 0 { "saves" } else { "costs" },
+        group_digits(saving.unsigned_abs()),
+    );
+    println!(
+        "  OOMs: {} ({} where the recorded run had none); device allocations and frees: {} instead of {}",
+        own.ooms,
+        own.new_ooms,
+        own.device_calls(),
+        best.device_calls()
+    );
 }
 
 /// The line to paste and what it saves against the trace's own settings.
@@ -238,5 +281,14 @@ fn json(args: &TuneArgs, path: &Path, tuning: &Tuning) -> serde_json::Value {
         "winner_line": paste_line(&winner.settings),
         "peak_reserved_saving": { "bytes": saving, "percent": percent },
         "best_fitting": tuning.best_fitting().map(|c| c.settings.clone()),
+        "dropped": tuning.dropped,
+        "own_policy": tuning.own_policy.as_ref().map(|c| {
+            let mut value = candidate(c, 0);
+            if let Some(object) = value.as_object_mut() {
+                object.remove("rank");
+                object.insert("pytorch_setting".into(), false.into());
+            }
+            value
+        }),
     })
 }

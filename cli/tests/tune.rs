@@ -122,3 +122,53 @@ fn an_impossible_device_total_is_an_error() {
         assert!(!stderr.contains("panicked"), "{command}: {stderr}");
     }
 }
+
+#[test]
+fn own_policy_is_set_beside_the_ranking_not_in_it() {
+    let multistream = trace("multistream");
+    let tuning = tune_json(&["--own-policy", &multistream]);
+    let own = &tuning["own_policy"];
+    assert_eq!(own["settings"], "policy:cachalot", "{own}");
+    assert_eq!(own["pytorch_setting"], false);
+    let ranked = tuning["ranked"].as_array().unwrap();
+    assert!(ranked.iter().all(|c| !c["settings"].as_str().unwrap().contains("policy")), "{tuning}");
+    let (peak, ooms) = stats_peak_and_ooms(&multistream, &["--config", "policy:cachalot"]);
+    assert_eq!(own["peak_reserved"].as_u64(), Some(peak));
+    assert_eq!(own["ooms"].as_u64(), Some(ooms));
+    assert!(peak < tuning["winner"]["peak_reserved"].as_u64().unwrap(), "{tuning}");
+
+    let out = cachalot(&["tune", "--own-policy", "--top", "1", &multistream]);
+    let table = text(&out.stdout);
+    assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+    assert!(tune_json(&[&multistream]).get("own_policy").is_none_or(Value::is_null));
+}
+
+#[test]
+fn a_policy_in_the_traces_settings_stays_out_of_the_pytorch_candidates() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tune-policy-in-settings");
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("multistream.pickle");
+    std::fs::copy(trace("multistream"), &copy).unwrap();
+    let expected_path = std::path::PathBuf::from(trace("multistream").replace(".pickle", ".expected.json"));
+    let mut expected: Value = serde_json::from_slice(&std::fs::read(expected_path).unwrap()).unwrap();
+    expected["PYTORCH_CUDA_ALLOC_CONF"] = "policy:cachalot,max_split_size_mb:64".into();
+    std::fs::write(dir.join("multistream.expected.json"), expected.to_string()).unwrap();
+    let copy = copy.to_str().unwrap();
+
+    let tuning = tune_json(&[copy]);
+    assert_eq!(tuning["dropped"], serde_json::json!(["policy:cachalot"]), "{tuning}");
+    assert_eq!(tuning["baseline"]["settings"], "max_split_size_mb:64", "{tuning}");
+    let ranked = tuning["ranked"].as_array().unwrap();
+    assert!(ranked.iter().all(|c| !c["settings"].as_str().unwrap().contains("policy")), "{tuning}");
+    assert!(!tuning["winner_line"].as_str().unwrap().contains("policy"), "{tuning}");
+    // The trace's own setting, policy included, is replayed beside the ranking without asking.
+    let own = &tuning["own_policy"];
+    assert_eq!(own["settings"], "max_split_size_mb:64,policy:cachalot", "{own}");
+    let (peak, _) = stats_peak_and_ooms(&trace("multistream"), &["--config", "max_split_size_mb:64,policy:cachalot"]);
+    assert_eq!(own["peak_reserved"].as_u64(), Some(peak));
+
+    let out = cachalot(&["tune", "--top", "1", copy]);
+    let table = text(&out.stdout);
+    assert!(table.contains("note: policy:cachalot left out of the trace's settings and every candidate"), "{table}");
+    assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+}

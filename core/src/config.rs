@@ -31,6 +31,36 @@ pub enum AllocatorBackendKind {
     CudaMallocAsync,
 }
 
+/// Which placement policy the allocator follows (`policy:` key, cachalot's own, not PyTorch's).
+///
+/// PyTorch's is the default and is exact; [`Policy::Cachalot`] is an opt-in policy that
+/// fragments less (`docs/allocator-rules.md` §24 and the module doc of
+/// `core/src/allocator/compact.rs` say what it changes). A string that selects it is no longer a
+/// valid `PYTORCH_CUDA_ALLOC_CONF`: PyTorch would reject the key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Policy {
+    /// PyTorch 2.11's caching allocator, exact to the byte (`policy:pytorch`, the default).
+    #[default]
+    #[cfg_attr(feature = "serde", serde(rename = "pytorch"))]
+    PyTorch,
+    /// cachalot's low-fragmentation policy (`policy:cachalot`): 512-byte rounding, 2 MiB pages
+    /// where the device maps them (segments sized to the request where it does not), and fully
+    /// free cached memory returned before new memory is taken.
+    Cachalot,
+}
+
+impl Policy {
+    /// The value written after `policy:`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::PyTorch => "pytorch",
+            Policy::Cachalot => "cachalot",
+        }
+    }
+}
+
 /// A configuration string or builder value that PyTorch 2.11 would reject.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ConfigError {
@@ -106,6 +136,9 @@ pub struct AllocatorConfig {
     pub(crate) pinned_use_background_threads: bool,
     pub(crate) pinned_reserve_segment_size_mb: u64,
     pub(crate) graph_capture_record_stream_reuse: bool,
+    /// cachalot's own key: which placement policy applies.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub(crate) policy: Policy,
 }
 
 impl Default for AllocatorConfig {
@@ -126,6 +159,7 @@ impl Default for AllocatorConfig {
             pinned_use_background_threads: false,
             pinned_reserve_segment_size_mb: 0,
             graph_capture_record_stream_reuse: false,
+            policy: Policy::PyTorch,
         }
     }
 }
@@ -196,6 +230,14 @@ impl AllocatorConfig {
             }
             "graph_capture_record_stream_reuse" => self.graph_capture_record_stream_reuse = parse_bool(key, value)?,
             "per_process_memory_fraction" => self.set_memory_fraction(parse_float(key, value)?)?,
+            // cachalot's own key, not PyTorch's (see `Policy`).
+            "policy" => {
+                self.policy = match single(key, value)? {
+                    "pytorch" => Policy::PyTorch,
+                    "cachalot" => Policy::Cachalot,
+                    other => return Err(invalid(key, other, "options are pytorch and cachalot")),
+                }
+            }
             other => return Err(ConfigError::UnknownKey { key: other.to_owned() }),
         }
         Ok(())
@@ -345,6 +387,11 @@ impl AllocatorConfig {
         self.graph_capture_record_stream_reuse
     }
 
+    /// The placement policy (`policy:` key; PyTorch's unless `policy:cachalot` is set).
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
     /// Returns the configuration with `expandable_segments` switched (PyTorch allows this at
     /// run time; existing expandable blocks are then skipped by best fit).
     pub fn with_expandable_segments(mut self, enabled: bool) -> Self {
@@ -415,6 +462,13 @@ impl ConfigBuilder {
     /// `per_process_memory_fraction`, in [0, 1].
     pub fn per_process_memory_fraction(self, fraction: f64) -> Self {
         self.update(|c| c.set_memory_fraction(fraction))
+    }
+    /// `policy` (cachalot's own key).
+    pub fn policy(self, policy: Policy) -> Self {
+        self.update(|c| {
+            c.policy = policy;
+            Ok(())
+        })
     }
     /// The finished configuration, or the first invalid value.
     pub fn build(self) -> Result<AllocatorConfig, ConfigError> {
@@ -706,6 +760,19 @@ mod tests {
         assert_eq!(c.max_non_split_rounding_size(), 32 * MIB);
         assert_eq!(c.per_process_memory_fraction(), 0.5);
         assert_eq!(c.pinned_num_register_threads(), 8);
+    }
+
+    #[test]
+    fn policy_key_selects_cachalots_policy() {
+        assert_eq!(AllocatorConfig::default().policy(), Policy::PyTorch);
+        let c = AllocatorConfig::parse("policy:cachalot,max_split_size_mb:64").unwrap();
+        assert_eq!(c.policy(), Policy::Cachalot);
+        assert_eq!(c.max_split_size(), Some(64 * MIB));
+        assert_eq!(AllocatorConfig::parse("policy:pytorch").unwrap().policy(), Policy::PyTorch);
+        let err = AllocatorConfig::parse("policy:best").unwrap_err();
+        assert!(err.to_string().contains("'best' for 'policy'"), "{err}");
+        let built = AllocatorConfig::builder().policy(Policy::Cachalot).build().unwrap();
+        assert_eq!(built.policy(), Policy::Cachalot);
     }
 
     #[test]

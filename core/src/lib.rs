@@ -45,7 +45,7 @@ pub use allocator::{
     Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, OomEvent, OomObserver, SegmentSnapshot,
 };
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
-pub use config::{AllocatorConfig, ConfigBuilder, ConfigError};
+pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};
 pub use error::{AllocatorError, HandleError, OutOfMemoryError};
 pub use shared::SharedAllocator;
 pub use sim::SimBackend;

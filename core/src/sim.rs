@@ -188,6 +188,13 @@ impl SimBackend {
         }
     }
 
+    /// Whether `stream` is held busy (events recorded on it now stay incomplete). A stream stops
+    /// being held by [`SimBackend::finish_stream`] and by anything that waits for it, such as
+    /// unmapping pages it used.
+    pub fn is_held(&self, stream: StreamId) -> bool {
+        self.streams.get(&stream).is_some_and(|work| work.held)
+    }
+
     /// Completes all work recorded on `stream` and lets it run freely again.
     pub fn finish_stream(&mut self, stream: StreamId) {
         if let Some(work) = self.streams.get_mut(&stream) {

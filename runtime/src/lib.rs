@@ -42,6 +42,7 @@ pub mod run;
 pub mod runtime;
 pub mod select;
 pub mod stream;
+pub mod trace_replay;
 
 pub use device::sim::{SimDevice, SimProfile};
 pub use device::{Activation, BackendKind, Device, DeviceInfo, DeviceKernels, StreamDiscipline, Workspaces};

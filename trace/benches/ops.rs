@@ -12,6 +12,11 @@
 //! Op files come from `$CACHALOT_OPS_DIR`, else the standard workloads the repository ships
 //! (`testdata/bench-ops`, as `shared/bench/workloads.sh` writes them). Arguments filter the files
 //! by name; `CACHALOT_BENCH_NO_REFERENCE=1` skips the reference replays.
+//!
+//! `CACHALOT_BENCH_POLICY_ROUNDS=N` instead compares cachalot's own policy (`policy:cachalot`)
+//! with PyTorch's on the same files: N rounds, each timing both policies back to back (a fresh
+//! allocator each, the order alternating by round), and per file the median of the rounds'
+//! ratios — paired so that a spell of a busy machine slows both sides of a ratio alike.
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::path::{Path, PathBuf};
@@ -34,6 +39,10 @@ fn main() {
         .filter(|p| filters.is_empty() || filters.iter().any(|f| p.to_string_lossy().contains(f.as_str())))
         .collect();
     files.sort();
+    if let Some(rounds) = std::env::var("CACHALOT_BENCH_POLICY_ROUNDS").ok().and_then(|r| r.parse().ok()) {
+        compare_policies(&files, rounds);
+        return;
+    }
     println!("{:<30} {:>10} {:>16} {:>8}", "ops file", "ns/op", "system malloc", "ratio");
     let mut results = Vec::new();
     for path in &files {
@@ -54,6 +63,40 @@ fn main() {
     let find = |name: &str| results.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
     if let (Some(flat), Some(random)) = (find("random-20k-live"), find("random-512B-64MiB")) {
         println!("flatness: random-20k-live / random-512B-64MiB = {:.2}", flat / random);
+    }
+}
+
+/// PyTorch's policy and `policy:cachalot` on each file, paired round by round.
+fn compare_policies(files: &[PathBuf], rounds: usize) {
+    let pytorch = AllocatorConfig::default();
+    let ours = AllocatorConfig::parse("policy:cachalot").expect("the policy key parses");
+    println!(
+        "{:<30} {:>14} {:>16} {:>14} ({rounds} paired rounds, medians)",
+        "ops file", "pytorch ns/op", "cachalot ns/op", "ratio"
+    );
+    for path in files {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let ops = OpFile::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let time = |config: &AllocatorConfig| {
+            time_on_sim(&ops, SIM_CAPACITY, config.clone(), TIMED_REPLAYS)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .median
+        };
+        let (mut theirs, mut mine, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let (a, b) = if round % 2 == 0 {
+                let a = time(&pytorch);
+                (a, time(&ours))
+            } else {
+                let b = time(&ours);
+                (time(&pytorch), b)
+            };
+            theirs.push(a);
+            mine.push(b);
+            ratios.push(b / a);
+        }
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        println!("{name:<30} {:>14.1} {:>16.1} {:>14.3}", median(&theirs), median(&mine), median(&ratios));
     }
 }
 

@@ -47,6 +47,9 @@ pub struct ReplayOptions {
     /// `expected.json` lists them (`calls`); `None` where it does not, and the replay infers
     /// `empty_cache` calls from the releases no allocation caused.
     pub calls: Option<Vec<ProgramCall>>,
+    /// Whether to keep the allocator calls the replay made ([`ReplayOutcome::calls`]), to make
+    /// them again on a device (`cachalot replay --backend wgpu`).
+    pub record_calls: bool,
 }
 
 /// A call of the recorded program that the trace does not show by itself
@@ -97,6 +100,7 @@ impl ReplayOptions {
             device_total: expected.and_then(|e| e.device_total).unwrap_or(DEFAULT_DEVICE_TOTAL),
             device: 0,
             calls: expected.and_then(|e| e.calls.clone()),
+            record_calls: false,
         })
     }
 }
@@ -173,6 +177,45 @@ pub struct ReplayOutcome {
     pub entries: usize,
     /// The device trace that was replayed.
     pub device: usize,
+    /// The allocator calls the replay made, in order, when [`ReplayOptions::record_calls`]
+    /// asked for them (else empty).
+    pub calls: Vec<ReplayCall>,
+}
+
+/// One call the replay made to the allocator: what the recorded program did, without the
+/// simulator's help (planned addresses, the driver's free memory at a recorded OOM), so that
+/// another backend can make the same calls. Allocations are named by the index of the trace
+/// entry that made them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayCall {
+    /// `malloc(size, stream)` for trace entry `index` (an `alloc`, or an `oom` entry: PyTorch's
+    /// request failed there, which a larger device may serve).
+    Malloc {
+        /// The trace entry.
+        index: usize,
+        /// Bytes requested.
+        size: u64,
+        /// The stream of the request.
+        stream: StreamId,
+        /// Whether PyTorch ran out of memory here (an `oom` entry).
+        recorded_oom: bool,
+    },
+    /// `free` of the allocation made at trace entry `malloc`, requested at trace entry `index`;
+    /// `deferred` when the block was used on another stream (`record_stream`), so that the free
+    /// completed later (at a `free_completed` entry) or never.
+    Free {
+        /// The `free_requested` entry.
+        index: usize,
+        /// The entry whose `Malloc` made the allocation.
+        malloc: usize,
+        /// Whether the free waits for another stream.
+        deferred: bool,
+    },
+    /// `empty_cache()`, before trace entry `index`.
+    EmptyCache {
+        /// The trace entry it precedes.
+        index: usize,
+    },
 }
 
 /// What the recorded run's `expected.json` says.
@@ -353,7 +396,16 @@ pub fn replay_observed(
     let completions: FxHashMap<usize, StreamId> =
         deferred.values().flatten().map(|&j| (j, synthetic_stream(j))).collect();
 
-    let mut live: FxHashMap<u64, Allocation> = FxHashMap::default();
+    let mut live: FxHashMap<u64, (Allocation, usize)> = FxHashMap::default();
+    let mut calls = Vec::new();
+    // Allocations the simulator refused, by address, while calls are kept: the program freed
+    // them (PyTorch served them), and another device may serve them too.
+    let mut refused: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut call = |c: ReplayCall| {
+        if options.record_calls {
+            calls.push(c);
+        }
+    };
     let mut ooms = Vec::new();
     let mut divergences = Vec::new();
     let mut empty_cache_points = Vec::new();
@@ -371,29 +423,45 @@ pub fn replay_observed(
         allocator.set_context(e.context);
         allocator.set_annotation_id(e.annotation);
         match e.action {
-            TraceAction::Alloc => match allocator.malloc(e.size, e.stream) {
-                Ok(a) => {
-                    if a.address() != e.addr {
+            TraceAction::Alloc => {
+                call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: false });
+                match allocator.malloc(e.size, e.stream) {
+                    Ok(a) => {
+                        if a.address() != e.addr {
+                            divergences.push(Divergence {
+                                index: i,
+                                message: format!(
+                                    "alloc of {} B got {:#x}, PyTorch got {:#x}",
+                                    e.size,
+                                    a.address(),
+                                    e.addr
+                                ),
+                            });
+                        }
+                        live.insert(e.addr, (a, i));
+                    }
+                    Err(error) => {
+                        if options.record_calls {
+                            refused.insert(e.addr, i);
+                        }
+                        if let AllocatorError::OutOfMemory(oom) = &error {
+                            ooms.push(ReplayOom { index: i, message: oom.message.clone(), recorded: false });
+                        }
+                        alloc_failed = true;
                         divergences.push(Divergence {
                             index: i,
-                            message: format!("alloc of {} B got {:#x}, PyTorch got {:#x}", e.size, a.address(), e.addr),
-                        });
+                            message: format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size),
+                        })
                     }
-                    live.insert(e.addr, a);
                 }
-                Err(error) => {
-                    if let AllocatorError::OutOfMemory(oom) = &error {
-                        ooms.push(ReplayOom { index: i, message: oom.message.clone(), recorded: false });
-                    }
-                    alloc_failed = true;
-                    divergences.push(Divergence {
-                        index: i,
-                        message: format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size),
-                    })
-                }
-            },
+            }
             TraceAction::FreeRequested => {
-                let Some(allocation) = live.remove(&e.addr) else {
+                let Some((allocation, malloc)) = live.remove(&e.addr) else {
+                    if let Some(malloc) = refused.remove(&e.addr) {
+                        call(ReplayCall::Free { index: i, malloc, deferred: deferred.contains_key(&i) });
+                        i += 1;
+                        continue;
+                    }
                     if alloc_failed {
                         i += 1;
                         continue; // its alloc already diverged
@@ -405,6 +473,7 @@ pub fn replay_observed(
                         addr: e.addr,
                     });
                 };
+                call(ReplayCall::Free { index: i, malloc, deferred: deferred.contains_key(&i) });
                 if let Some(completion) = deferred.get(&i) {
                     let stream = completion.map_or(StreamId(u64::MAX), synthetic_stream);
                     allocator.backend_mut().hold_stream(stream);
@@ -440,6 +509,7 @@ pub fn replay_observed(
                         }
                         i += last;
                         empty_cache_points.push(i - last);
+                        call(ReplayCall::EmptyCache { index: i - last });
                         allocator.empty_cache().map_err(ReplayError::Setup)?;
                         continue;
                     }
@@ -454,6 +524,7 @@ pub fn replay_observed(
                 // malloc's (and a difference shows as an extra or a missing segment event).
                 if options.calls.is_none() && !released_by_next_malloc(&allocator, trace, i, run) {
                     empty_cache_points.push(i);
+                    call(ReplayCall::EmptyCache { index: i });
                     if let Err(error) = allocator.empty_cache() {
                         divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
                     }
@@ -463,6 +534,7 @@ pub fn replay_observed(
             }
             TraceAction::Oom => {
                 allocator.backend_mut().set_free_memory_override(Some(e.addr));
+                call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: true });
                 // The reservations a failing request makes are never mapped by it; the first
                 // one may be by a later request, which shows its address.
                 for address in oom_reservation_addresses(&allocator, trace, i) {
@@ -491,8 +563,11 @@ pub fn replay_observed(
             TraceAction::Snapshot if options.calls.is_some() => {
                 let calls = options.calls.as_deref().unwrap_or_default();
                 let mut skip = 0;
-                for call in calls.iter().filter(|c| c.at == i) {
-                    skip = skip.max(perform_call(&mut allocator, call.call, trace, i, &completions)?);
+                for program_call in calls.iter().filter(|c| c.at == i) {
+                    if program_call.call == CallKind::EmptyCache {
+                        call(ReplayCall::EmptyCache { index: i });
+                    }
+                    skip = skip.max(perform_call(&mut allocator, program_call.call, trace, i, &completions)?);
                 }
                 i += 1 + skip;
                 continue;
@@ -505,7 +580,7 @@ pub fn replay_observed(
     progress(trace.len(), trace.len());
     allocator.set_context(None);
     allocator.set_annotation_id(None);
-    Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device })
+    Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device, calls })
 }
 
 /// Performs the program's `call`, recorded after the `snapshot` entry `trace[at]`; returns how

@@ -9,7 +9,10 @@
 //! `expandable_segments`, `max_split_size_mb`, `roundup_power2_divisions` (single values and
 //! per-interval `[MB:N,>:N]` tables), `garbage_collection_threshold` and
 //! `per_process_memory_fraction`. Other keys of the trace's own settings are kept in every
-//! candidate, so the winning line can replace the job's setting as it is. Trying every
+//! candidate, so the winning line can replace the job's setting as it is, except cachalot's own
+//! `policy` key: PyTorch refuses it, so it is dropped from the baseline and every candidate
+//! ([`Tuning::dropped`] names it) and a `policy:cachalot` of the trace's is replayed beside the
+//! ranking as [`Tuning::own_policy`] instead. Trying every
 //! combination of every value would be tens of thousands of replays, so the search runs in
 //! two passes, each replayed in parallel on every core (candidates are independent replays):
 //!
@@ -45,7 +48,7 @@ use rayon::prelude::*;
 
 use crate::replay::{ReplayError, ReplayOom, ReplayOptions, replay};
 use crate::snapshot::torch::TorchSnapshot;
-use cachalot_core::config::{AllocatorConfig, ConfigError};
+use cachalot_core::config::{AllocatorConfig, ConfigError, Policy};
 use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
 use cachalot_core::trace::TraceAction;
 
@@ -171,11 +174,19 @@ pub struct Tuning {
     pub objective: Objective,
     /// Total memory of the device replayed on.
     pub device_total: u64,
-    /// The trace's own settings, replayed as they are.
+    /// The trace's own settings, replayed as they are but for the entries in `dropped`.
     pub baseline: Candidate,
+    /// Entries of the trace's settings left out of the baseline and of every candidate because
+    /// PyTorch refuses them: cachalot's own `policy` key.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
     /// Every candidate, the baseline included, best first; ties keep the order of the search
-    /// (the baseline first).
+    /// (the baseline first). All are settings PyTorch accepts.
     pub ranked: Vec<Candidate>,
+    /// The trace's own settings under cachalot's own policy (`policy:cachalot`), when asked for
+    /// with [`Tuning::with_own_policy`]: not a setting PyTorch accepts, so never in `ranked`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_policy: Option<Candidate>,
 }
 
 impl Tuning {
@@ -193,6 +204,41 @@ impl Tuning {
     pub fn best_fitting(&self) -> Option<&Candidate> {
         self.ranked.iter().find(|c| c.fits())
     }
+
+    /// Adds the replay of the trace's own settings under cachalot's own policy
+    /// ([`OWN_POLICY`]), one more replay, to set beside PyTorch's best: what the job would need
+    /// with cachalot as its allocator.
+    pub fn with_own_policy(mut self, snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Self, TuneError> {
+        let settings = own_policy_settings(options.config.settings());
+        self.own_policy = Some(measure(snapshot, options, &settings)?);
+        Ok(self)
+    }
+}
+
+/// The key and value that select cachalot's own policy (`docs/allocator-rules.md` §24).
+pub const OWN_POLICY: &str = "policy:cachalot";
+
+/// cachalot's own key, which PyTorch refuses ("Unrecognized key 'policy' in CUDA allocator
+/// config.").
+const POLICY_KEY: &str = "policy";
+
+/// `settings` without cachalot's own `policy` entries, and those entries: the part PyTorch
+/// accepts and the part it refuses.
+pub fn split_own_keys(settings: &str) -> (String, Vec<String>) {
+    let (own, pytorch): (Vec<String>, Vec<String>) =
+        all_entries(settings).into_iter().partition(|entry| entry_key(entry) == POLICY_KEY);
+    (pytorch.join(","), own)
+}
+
+/// The key of a `key:value` entry, trimmed.
+fn entry_key(entry: &str) -> &str {
+    entry.split(':').next().unwrap_or("").trim()
+}
+
+/// `settings` with cachalot's own policy selected instead of any `policy` entry it has.
+pub fn own_policy_settings(settings: &str) -> String {
+    let (pytorch, _) = split_own_keys(settings);
+    if pytorch.is_empty() { OWN_POLICY.to_owned() } else { format!("{pytorch},{OWN_POLICY}") }
 }
 
 /// A search that could not run.
@@ -221,8 +267,21 @@ pub enum TuneError {
 }
 
 /// Replays `snapshot` under its own settings (`options`) and under the candidates of the search,
-/// and ranks them by `objective`. `options.device_total` is the device replayed on.
+/// and ranks them by `objective`. `options.device_total` is the device replayed on. Settings
+/// that select cachalot's own policy are searched as PyTorch's settings (the `policy` entry
+/// dropped) and also replayed as they are, in [`Tuning::own_policy`].
 pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Objective) -> Result<Tuning, TuneError> {
+    let (pytorch_settings, dropped) = split_own_keys(options.config.settings());
+    let own_policy_asked = options.config.policy() == Policy::Cachalot;
+    let pytorch_options;
+    let options = if dropped.is_empty() {
+        options
+    } else {
+        let config = AllocatorConfig::parse(&pytorch_settings)
+            .map_err(|error| TuneError::Candidate { settings: pytorch_settings.clone(), error })?;
+        pytorch_options = ReplayOptions { config, ..options.clone() };
+        &pytorch_options
+    };
     let space = SearchSpace::of(snapshot, options);
     let baseline = measure(snapshot, options, options.config.settings()).map_err(|e| match e {
         TuneError::Replay { error, .. } => TuneError::Trace(error),
@@ -239,7 +298,8 @@ pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Object
     ranked.extend(single_results.into_iter().flatten());
     ranked.extend(combination_results.into_iter().flatten());
     rank(&mut ranked, objective);
-    Ok(Tuning { objective, device_total: options.device_total, baseline, ranked })
+    let tuning = Tuning { objective, device_total: options.device_total, baseline, dropped, ranked, own_policy: None };
+    if own_policy_asked { tuning.with_own_policy(snapshot, options) } else { Ok(tuning) }
 }
 
 /// Sorts best first; the sort is stable, so ties keep the search's order.
@@ -486,9 +546,14 @@ fn fraction_text(fraction: f64) -> Option<String> {
     (text.parse::<f64>().is_ok_and(|f| f > 0.0 && f < 1.0)).then(|| text.to_owned())
 }
 
-/// The `key:value` entries of `settings` whose keys the search does not set, as written
-/// (top-level commas separate entries; a `[...]` list keeps its own).
+/// The `key:value` entries of `settings` whose keys the search does not set, as written.
 fn unsearched_entries(settings: &str) -> Vec<String> {
+    all_entries(settings).into_iter().filter(|entry| !SEARCHED_KEYS.contains(&entry_key(entry))).collect()
+}
+
+/// The `key:value` entries of `settings`, as written (top-level commas separate entries; a
+/// `[...]` list keeps its own).
+fn all_entries(settings: &str) -> Vec<String> {
     let mut entries = Vec::new();
     let (mut depth, mut start) = (0usize, 0);
     for (i, ch) in settings.char_indices().chain([(settings.len(), ',')]) {
@@ -497,8 +562,7 @@ fn unsearched_entries(settings: &str) -> Vec<String> {
             ']' => depth = depth.saturating_sub(1),
             ',' if depth == 0 => {
                 let entry = settings[start..i].trim();
-                let key = entry.split(':').next().unwrap_or("").trim();
-                if !entry.is_empty() && !SEARCHED_KEYS.contains(&key) {
+                if !entry.is_empty() {
                     entries.push(entry.to_owned());
                 }
                 start = i + 1;
@@ -552,6 +616,26 @@ mod tests {
 
     fn all_settings(space: &SearchSpace, choices: &[Choice]) -> Vec<String> {
         choices.iter().map(|c| space.settings(c)).collect()
+    }
+
+    #[test]
+    fn own_policy_keeps_the_other_keys() {
+        assert_eq!(own_policy_settings(""), "policy:cachalot");
+        assert_eq!(
+            own_policy_settings("max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4],policy:pytorch"),
+            "max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4],policy:cachalot"
+        );
+        assert!(AllocatorConfig::parse(&own_policy_settings("garbage_collection_threshold:0.6")).is_ok());
+    }
+
+    #[test]
+    fn policy_entries_are_split_from_pytorchs_keys() {
+        assert_eq!(split_own_keys(""), (String::new(), Vec::new()));
+        assert_eq!(
+            split_own_keys("max_split_size_mb:64, policy:cachalot,roundup_power2_divisions:[1:2,>:4]"),
+            ("max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4]".to_owned(), vec!["policy:cachalot".to_owned()])
+        );
+        assert_eq!(split_own_keys("policy:pytorch"), (String::new(), vec!["policy:pytorch".to_owned()]));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use super::CachingAllocator;
 use super::malloc::Request;
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, NIL, Segment};
+use crate::config::Policy;
 use crate::error::AllocatorError;
 use crate::size::{PoolKind, SMALL_BUFFER};
 use crate::trace::TraceAction;
@@ -60,9 +61,10 @@ impl<B: Backend> CachingAllocator<B> {
             cursor = tree.successor(&self.blocks, unmapped);
         }
 
-        let page_size = match pool {
-            PoolKind::Small => SMALL_BUFFER,
-            PoolKind::Large => self.config.large_segment_size(),
+        let page_size = match (pool, self.config.policy()) {
+            (PoolKind::Small, _) => SMALL_BUFFER,
+            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
+            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
         };
         // Enough VA for 1 1/8 of the device, so pages can move when earlier ones were unmapped.
         let total = self.backend.device().total_memory;

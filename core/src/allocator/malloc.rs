@@ -5,6 +5,7 @@ use super::observer::OomEvent;
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, Location, NIL, Segment};
+use crate::config::Policy;
 use crate::error::{AllocatorError, OomText, OutOfMemoryError};
 use crate::size::{MAX_REQUEST, PoolKind, allocation_size, round_size};
 use crate::trace::TraceAction;
@@ -44,18 +45,30 @@ impl<B: Backend> CachingAllocator<B> {
             return Err(self.too_large(size));
         }
         self.process_events()?;
-        let rounded = round_size(size, self.config.roundup_power2_divisions());
-        let request = Request {
-            stream,
-            pool: PoolKind::for_size(rounded),
-            size: rounded,
-            alloc_size: allocation_size(rounded, self.config.large_segment_size()),
-            expandable: self.config.expandable_segments(),
+        let policy = self.config.policy();
+        let request = match policy {
+            Policy::PyTorch => {
+                let rounded = round_size(size, self.config.roundup_power2_divisions());
+                Request {
+                    stream,
+                    pool: PoolKind::for_size(rounded),
+                    size: rounded,
+                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
+                    expandable: self.config.expandable_segments(),
+                }
+            }
+            Policy::Cachalot => self.compact_request(size, stream),
         };
         self.last_device_limit = None;
 
         let mut found = self.get_free_block(&request);
+        if policy == Policy::Cachalot {
+            found = found.and_then(|block| self.compact_keep_hit(block, &request));
+        }
         if found.is_none() {
+            if policy == Policy::Cachalot {
+                self.return_free_memory_before(&request)?;
+            }
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
             }
@@ -141,7 +154,13 @@ impl<B: Backend> CachingAllocator<B> {
     /// the large pool only one of more than 1 MiB, and never for oversize blocks.
     fn should_split(&self, block: u32, request: &Request) -> bool {
         let max_split = self.config.max_split_size_raw();
-        crate::size::should_split(request.pool, request.expandable, max_split, self.blocks[block].size, request.size)
+        let block_size = self.blocks[block].size;
+        match self.config.policy() {
+            Policy::PyTorch => {
+                crate::size::should_split(request.pool, request.expandable, max_split, block_size, request.size)
+            }
+            Policy::Cachalot => self.compact_should_split(block_size, request),
+        }
     }
 
     /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,

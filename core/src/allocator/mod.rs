@@ -3,10 +3,13 @@
 //! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
 //! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
 //! release, garbage collection), `expandable` (VA reservations and page mapping) and `inspect`
-//! (snapshots and the consistency check); `object` is the [`Allocator`] trait that code not
+//! (snapshots and the consistency check); `compact` is cachalot's own opt-in policy
+//! (`policy:cachalot`), which changes request sizes, splitting and what a miss gives back
+//! first, and nothing else; `object` is the [`Allocator`] trait that code not
 //! generic over the backend holds as `&dyn Allocator`. Every state change goes through these
 //! paths, which update the stats and record the trace entry PyTorch would record.
 
+mod compact;
 mod expandable;
 mod free;
 mod inspect;

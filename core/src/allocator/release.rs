@@ -26,7 +26,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `release_blocks`: frees unsplit free segments in set order, then unmaps the free pages of
     /// expandable blocks (releasing a reservation once nothing in it is mapped).
-    fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocatorError> {
+    pub(super) fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocatorError> {
         let mut to_unmap = Vec::new();
         for id in self.pool(kind).free.to_vec() {
             let b = &self.blocks[id];
