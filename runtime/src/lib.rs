@@ -42,6 +42,9 @@ pub mod run;
 pub mod runtime;
 pub mod select;
 pub mod stream;
+// Replays a trace's calls on a native CUDA or wgpu device (`cachalot replay --backend`); the
+// browser replays on the simulator only.
+#[cfg(not(target_arch = "wasm32"))]
 pub mod trace_replay;
 
 pub use device::sim::{SimDevice, SimProfile};
