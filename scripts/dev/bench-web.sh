@@ -18,6 +18,10 @@ out=${1:-$target_dir/bench-web}
 port=${PORT:-8799}
 mkdir -p "$out"
 
+# The page is driven by playwright-core, as in test-web.sh.
+if ! [ -d scripts/dev/web-test/node_modules/playwright-core ]; then
+  (cd scripts/dev/web-test && npm ci --no-audit --no-fund --silent)
+fi
 cargo build -q --release -p cachalot-cli --bin cachalot
 cargo build -q --release -p cachalot-viewer --example open_time
 WEB_OUT="$out/web" scripts/build-web.sh >/dev/null
