@@ -32,7 +32,7 @@ pub struct ViewArgs {
     /// Render headless into this PNG instead of opening a window.
     #[arg(long, global = true, value_name = "PNG")]
     pub screenshot: Option<PathBuf>,
-    /// Panel under the timeline: segments, pools, stats, events or compare.
+    /// Panel under the timeline: segments, memory, pools, stats, events or compare.
     #[arg(long, global = true, default_value = "segments")]
     pub view: String,
     /// Cursor position (entries applied) for the screenshot; default: the run's peak of
@@ -246,7 +246,8 @@ pub fn run(args: &ViewArgs) -> Outcome {
         return Ok(());
     }
     let view = View::from_name(&args.view).ok_or_else(|| {
-        Failure::input(anyhow!("--view {}: expected segments, pools, stats, events or compare", args.view))
+        let names: Vec<String> = View::ALL.iter().map(|v| v.title().to_lowercase()).collect();
+        Failure::input(anyhow!("--view {}: expected one of {}", args.view, names.join(", ")))
     })?;
     let live = live_experiment(args).map_err(Failure::input)?;
     let device_options = args.run_options.device_options().map_err(Failure::input)?;
