@@ -7,18 +7,16 @@
 use std::path::PathBuf;
 
 use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay, verify_against_recording};
-use cachalot_trace::snapshot::pickle::read_snapshot;
 use cachalot_trace::snapshot::torch::TorchSnapshot;
+
+mod common;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance")
 }
 
 fn load(name: &str) -> (TorchSnapshot, ExpectedRun) {
-    let path = dir().join(format!("{name}.pickle"));
-    let snapshot = read_snapshot(&std::fs::read(&path).unwrap()).unwrap();
-    let expected = ExpectedRun::from_json(&std::fs::read(path.with_extension("expected.json")).unwrap()).unwrap();
-    (snapshot, expected)
+    common::load(&dir().join(format!("{name}.pickle")))
 }
 
 fn names() -> Vec<String> {

@@ -5,33 +5,20 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use std::path::PathBuf;
-
-use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay};
-use cachalot_trace::snapshot::pickle::read_snapshot;
+use cachalot_trace::replay::{ReplayOptions, replay};
 use cachalot_trace::tune::{Objective, own_policy_settings, tune};
+
+mod common;
+use common::{load, reference_traces as traces};
 
 /// The goal of issue 18: peak reserved within 15% of peak allocated.
 const GOAL: f64 = 1.15;
-
-fn traces() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200");
-    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
-        .collect();
-    traces.sort();
-    assert_eq!(traces.len(), 9, "all nine reference traces");
-    traces
-}
 
 #[test]
 fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
     for path in traces() {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let snapshot = read_snapshot(&std::fs::read(&path).unwrap()).unwrap();
-        let expected = ExpectedRun::from_json(&std::fs::read(path.with_extension("expected.json")).unwrap()).unwrap();
+        let (snapshot, expected) = load(&path);
         let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
 
         let tuning =

@@ -8,32 +8,10 @@
 use std::path::PathBuf;
 
 use cachalot_core::AllocatorConfig;
-use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay, verify_against_recording};
-use cachalot_trace::snapshot::pickle::read_snapshot;
+use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 
-/// The vendored copy of `../shared/traces/pytorch-2.11-h200` (see `testdata/README.md`).
-fn vendored() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
-}
-
-fn traces() -> Vec<PathBuf> {
-    let dir = vendored();
-    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
-        .collect();
-    traces.sort();
-    assert_eq!(traces.len(), 9, "all nine reference traces");
-    traces
-}
-
-fn load(path: &PathBuf) -> (cachalot_trace::snapshot::torch::TorchSnapshot, ExpectedRun) {
-    let snapshot = read_snapshot(&std::fs::read(path).unwrap()).unwrap();
-    let expected_path = path.with_extension("expected.json");
-    let expected = ExpectedRun::from_json(&std::fs::read(expected_path).unwrap()).unwrap();
-    (snapshot, expected)
-}
+mod common;
+use common::{load, reference_traces as traces, vendored};
 
 #[test]
 fn every_reference_trace_matches_pytorch() {

@@ -1,0 +1,35 @@
+//! What the trace crate's integration tests share: where the reference traces are, and how a
+//! trace is loaded with the `expected.json` recorded beside it.
+
+use std::path::{Path, PathBuf};
+
+use cachalot_trace::replay::ExpectedRun;
+use cachalot_trace::snapshot::pickle::read_snapshot;
+use cachalot_trace::snapshot::torch::TorchSnapshot;
+
+/// The vendored copy of `../shared/traces/pytorch-2.11-h200` (see `testdata/README.md`).
+#[allow(dead_code, reason = "not every test file reads the reference traces")]
+pub fn vendored() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/traces/pytorch-2.11-h200")
+}
+
+/// The nine reference trace pickles, sorted by name.
+#[allow(dead_code, reason = "not every test file reads the reference traces")]
+pub fn reference_traces() -> Vec<PathBuf> {
+    let dir = vendored();
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+        .collect();
+    traces.sort();
+    assert_eq!(traces.len(), 9, "all nine reference traces");
+    traces
+}
+
+/// A trace pickle and the `NAME.expected.json` beside it.
+pub fn load(path: &Path) -> (TorchSnapshot, ExpectedRun) {
+    let snapshot = read_snapshot(&std::fs::read(path).unwrap()).unwrap();
+    let expected = ExpectedRun::from_json(&std::fs::read(path.with_extension("expected.json")).unwrap()).unwrap();
+    (snapshot, expected)
+}
