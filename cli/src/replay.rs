@@ -54,8 +54,9 @@ pub struct ReplayArgs {
     /// Where the allocator's memory lives: `sim` (the simulator, exact against the recording),
     /// `cuda` (a CUDA device's memory, a CUDA stream per trace stream) or `wgpu` (a wgpu
     /// adapter's buffers: every trace stream keeps its own pools, all on the one queue). On a
-    /// device, deferred frees complete at the next allocator call, and a device limit that
-    /// refuses a request is named with the request and its trace entry.
+    /// device, deferred frees complete where the recording's did, a device limit that refuses a
+    /// request is named with the request and its trace entry, and `--check` compares the
+    /// device's events with the recording's, addresses as segment + offset.
     #[arg(long, default_value = "sim", value_parser = ["sim", "cuda", "wgpu"])]
     pub backend: String,
     /// With `--backend wgpu`: the adapter's index in wgpu's enumeration (default: the best);
@@ -69,10 +70,10 @@ pub fn run(args: &ReplayArgs) -> Outcome {
     if args.oom_snapshot.as_ref().is_some_and(|d| !d.is_dir()) {
         return Err(Failure::input(anyhow!("--oom-snapshot must be an existing directory")));
     }
-    if args.backend != "sim" && (args.check || args.out.is_some()) {
+    if args.backend != "sim" && (args.out.is_some() || args.oom_snapshot.is_some()) {
         return Err(Failure::input(anyhow!(
-            "--check and --out need --backend sim: the recording is compared with the simulator's replay, \
-             which places segments where PyTorch's did"
+            "--out and --oom-snapshot need --backend sim: they write the simulator's allocator, which places \
+             segments where PyTorch's did"
         )));
     }
     if args.adapter.is_some() && args.backend == "sim" {
@@ -200,7 +201,8 @@ impl OomDumps {
 /// and device calls, and the first request a device limit refused (each such request is an OOM
 /// of the result; the replay goes on without its block, and the block's free is skipped).
 fn replay_on_device(args: &ReplayArgs, name: &str, snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<bool> {
-    use cachalot_runtime::trace_replay::{replay_on_cuda, replay_on_wgpu};
+    use cachalot_runtime::trace_replay::{check_events, replay_on_cuda, replay_on_wgpu, tie_broken_by_address};
+    use cachalot_trace::normalized::EventDiff;
     let started = Instant::now();
     let device = if args.backend == "cuda" {
         replay_on_cuda(snapshot, options, args.adapter.unwrap_or(0))
@@ -235,7 +237,23 @@ fn replay_on_device(args: &ReplayArgs, name: &str, snapshot: &TorchSnapshot, opt
     if device.skipped_frees > 0 {
         println!("{name}: {} frees skipped: their allocations failed on this device", device.skipped_frees);
     }
-    Ok(true)
+    if !args.check {
+        return Ok(true);
+    }
+    let trace = &snapshot.device_traces[options.device];
+    let diff = check_events(trace, &device);
+    if let EventDiff::Identical { entries } = diff {
+        println!("MATCH {name}: the device's {entries} events are the recording's, addresses as segment + offset");
+        return Ok(true);
+    }
+    println!("MISMATCH {name}: events as segment + offset {diff}");
+    if tie_broken_by_address(&diff) {
+        println!(
+            "{name}: the same request took another block of the same fit: PyTorch breaks best-fit ties by address, \
+             and this device laid its segments out in another order than the recording's"
+        );
+    }
+    Ok(false)
 }
 
 /// A trace's name: its file name without `.pickle`.

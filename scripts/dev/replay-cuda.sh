@@ -8,7 +8,9 @@
 #
 # run.sh replays every reference trace on the simulator and on CUDA device 0 and says, per trace,
 # whether the CUDA replay's end state, OOMs, peaks and device calls are the simulator's (SAME) or
-# not (DIFFERENT, both printed); it exits 1 if any differs.
+# not (DIFFERENT, both printed), then runs `replay --backend cuda --check` (the device's events
+# against the recording's, addresses as segment + offset) and prints its MATCH/MISMATCH lines;
+# it exits 1 if any differs.
 #
 # Environment: CARGO_TARGET_DIR (default /work/target-cuda, shared with device-cuda.sh).
 set -euo pipefail
@@ -67,7 +69,14 @@ print(f"{sys.argv[1]}: peak allocated {allocated} B, peak reserved {reserved} B,
     fi
 done
 echo "$different trace(s) differ"
-[[ $different == 0 ]]
+echo "--- replay --backend cuda --check: the device's events against the recording's"
+mismatched=0
+for trace in "$here"/traces/*.pickle; do
+    "$here/cachalot" replay --backend cuda --check "$trace" 2>&1 | grep -E 'MATCH|MISMATCH|best-fit|error' || true
+    [[ ${PIPESTATUS[0]} == 0 ]] || mismatched=$((mismatched + 1))
+done
+echo "$mismatched trace(s) mismatch as events"
+[[ $different == 0 && $mismatched == 0 ]]
 RUN
 chmod +x "$out/run.sh"
 

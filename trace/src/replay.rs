@@ -211,6 +211,16 @@ pub enum ReplayCall {
         /// Whether the free waits for another stream.
         deferred: bool,
     },
+    /// The other stream's work on the block of the deferred free requested at trace entry
+    /// `free` ended here (trace entry `index`, its `free_completed`): the free completes at the
+    /// allocator's next call. Always before the [`ReplayCall::EmptyCache`] whose synchronization
+    /// completed it. A deferred free without one never completed in the recording.
+    FreeCompleted {
+        /// The `free_completed` entry.
+        index: usize,
+        /// The `free_requested` entry of the free.
+        free: usize,
+    },
     /// `empty_cache()`, before trace entry `index`.
     EmptyCache {
         /// The trace entry it precedes.
@@ -395,6 +405,9 @@ pub fn replay_observed(
     let deferred = deferred_frees(trace);
     let completions: FxHashMap<usize, StreamId> =
         deferred.values().flatten().map(|&j| (j, synthetic_stream(j))).collect();
+    // The free each completion belongs to, for the calls another backend makes.
+    let freed_by: FxHashMap<usize, usize> =
+        deferred.iter().filter_map(|(&request, &completion)| Some((completion?, request))).collect();
 
     let mut live: FxHashMap<u64, (Allocation, usize)> = FxHashMap::default();
     let mut calls = Vec::new();
@@ -488,6 +501,9 @@ pub fn replay_observed(
                     // The other stream's work is done now; the free completes at the next
                     // malloc, or here if the program called empty_cache with nothing to free.
                     allocator.backend_mut().finish_stream(stream);
+                    if let Some(&free) = freed_by.get(&i) {
+                        call(ReplayCall::FreeCompleted { index: i, free });
+                    }
                     if options.calls.is_some() {
                         i += 1;
                         continue; // the program's empty_cache calls are known
@@ -505,6 +521,9 @@ pub fn replay_observed(
                         for j in i..i + last {
                             if let Some(&s) = completions.get(&j) {
                                 allocator.backend_mut().finish_stream(s);
+                                if let Some(&free) = freed_by.get(&j).filter(|_| j != i) {
+                                    call(ReplayCall::FreeCompleted { index: j, free });
+                                }
                             }
                         }
                         i += last;
@@ -565,6 +584,12 @@ pub fn replay_observed(
                 let mut skip = 0;
                 for program_call in calls.iter().filter(|c| c.at == i) {
                     if program_call.call == CallKind::EmptyCache {
+                        // Its synchronization completes the deferred frees that follow it.
+                        for j in synchronized_completions(trace, i) {
+                            if let Some(&free) = freed_by.get(&j) {
+                                call(ReplayCall::FreeCompleted { index: j, free });
+                            }
+                        }
                         call(ReplayCall::EmptyCache { index: i });
                     }
                     skip = skip.max(perform_call(&mut allocator, program_call.call, trace, i, &completions)?);
@@ -605,14 +630,14 @@ fn perform_call(
         CallKind::EmptyCache => {
             // empty_cache synchronizes first: every deferred free whose completion follows
             // completes now, then the cached segments are released.
-            let after = &trace[at + 1..];
-            let completed = after.iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
-            for j in at + 1..at + 1 + completed {
+            let completed = synchronized_completions(trace, at);
+            for j in completed.clone() {
                 if let Some(&stream) = completions.get(&j) {
                     allocator.backend_mut().finish_stream(stream);
                 }
             }
-            let released = after[completed..]
+            let completed = completed.len();
+            let released = trace[at + 1 + completed..]
                 .iter()
                 .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
                 .count();
@@ -620,6 +645,13 @@ fn perform_call(
             Ok(completed + released)
         }
     }
+}
+
+/// The `free_completed` entries right after the `snapshot` entry `trace[at]` of an
+/// `empty_cache` call: the deferred frees its synchronization completed.
+fn synchronized_completions(trace: &[TraceEntry], at: usize) -> std::ops::Range<usize> {
+    let completed = trace[at + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
+    at + 1..at + 1 + completed
 }
 
 /// The addresses of the VA reservations that the failing request `trace[at]` makes, where the

@@ -8,35 +8,43 @@
 //! addresses of segments and, at a recorded out-of-memory error, the driver's free memory — the
 //! device decides for itself here, so the result is what this device would have done.
 //!
-//! # Streams on wgpu
+//! # Deferred frees
 //!
-//! wgpu has one queue. Every stream of the trace keeps its own pools (the allocator keys blocks
-//! by stream, whatever the backend), so blocks are never shared across trace streams, as in
-//! PyTorch; but all the streams' work is the one queue's. A free that PyTorch deferred
-//! (`record_stream` on another stream) is recorded on the queue ([`QUEUE_STREAM`]) and completes
-//! when the queue has passed it — with no kernels submitted, at the next allocator call — not at
-//! the trace's `free_completed` entry. A device limit that refuses a request (wgpu's
-//! `max_buffer_size`, or the configured capacity, since wgpu cannot query free memory) is named
-//! with the request and its trace entry ([`LimitHit`]).
+//! A free that PyTorch deferred (the block was used on another stream, `record_stream`) waited
+//! for that stream's kernels, and the recording shows where they ended (`free_completed`). The
+//! replay runs no kernels, so it records such a free on a stand-in stream ([`stand_in`]) whose
+//! work ends at the recorded `free_completed` ([`ReplayCall::FreeCompleted`]) or when the
+//! allocator synchronizes: the free completes where it did in the recording, on every backend.
 //!
-//! # Streams on CUDA
+//! # Streams
 //!
-//! Each stream of the trace gets a CUDA stream of its own (the trace's default stream, 0, is
-//! the device's default stream), so segments and pools are per stream as in the recorded run.
-//! A deferred free is recorded on one more stream, a side stream with no work on it: its event
-//! has completed by the next allocator call, so, as on wgpu, the free completes there rather
-//! than at the trace's `free_completed` entry.
+//! On CUDA each stream of the trace gets a CUDA stream of its own (the trace's default stream,
+//! 0, is the device's default stream), so segments and pools are per stream as in the recorded
+//! run. wgpu has one queue: every stream of the trace keeps its own pools (the allocator keys
+//! blocks by stream, whatever the backend), so blocks are never shared across trace streams, as
+//! in PyTorch, but all the streams' work is the one queue's. A device limit that refuses a
+//! request (wgpu's `max_buffer_size`, or the configured capacity, since wgpu cannot query free
+//! memory) is named with the request and its trace entry ([`LimitHit`]).
+//!
+//! # Checking the events
+//!
+//! The device places segments at addresses of its own, so the device's events are compared with
+//! the recording's with each address as (segment, offset) ([`check_events`],
+//! [`cachalot_trace::normalized`]): equal sequences made the same decisions, block for block.
+
+pub mod stand_in;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cachalot_core::error::AllocatorError;
-use cachalot_core::{Allocation, Backend, CachingAllocator, StreamId};
+use cachalot_core::{Allocation, Backend, CachingAllocator, StreamId, TraceAction, TraceEntry};
+use cachalot_trace::normalized::{EventDiff, first_difference};
 use cachalot_trace::replay::{ReplayCall, ReplayOom, ReplayOptions, replay};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_wgpu::WgpuContext;
 
-use crate::device::QUEUE_STREAM;
+use self::stand_in::StandInStreams;
 use crate::device::wgpu::WgpuDevice;
 use crate::error::RuntimeError;
 use crate::select::describe_wgpu;
@@ -79,20 +87,49 @@ pub struct DeviceReplay {
     pub limits: Vec<LimitHit>,
     /// Frees of allocations the device never made (their request failed), skipped.
     pub skipped_frees: usize,
+    /// The allocator's events on the device, each on the trace's stream it stands for.
+    #[serde(skip)]
+    pub events: Vec<TraceEntry>,
+}
+
+/// Compares the device's events with the recording's `trace`, addresses as (segment, offset);
+/// the recording's `snapshot` entries (the capture's own markers) are left out.
+pub fn check_events(trace: &[TraceEntry], device: &DeviceReplay) -> EventDiff {
+    let recorded: Vec<TraceEntry> = trace.iter().filter(|e| e.action != TraceAction::Snapshot).cloned().collect();
+    first_difference(&recorded, &device.events)
+}
+
+/// Whether `diff` begins with the same request served by another block: a best-fit tie that
+/// addresses broke (PyTorch takes the lowest-addressed of the blocks that fit equally well, so a
+/// device laying segments out in another order picks another one), rather than another
+/// decision of the policy.
+pub fn tie_broken_by_address(diff: &EventDiff) -> bool {
+    match diff {
+        EventDiff::Differ { a: Some(a), b: Some(b), .. } => {
+            a.action == TraceAction::Alloc && b.action == TraceAction::Alloc && a.size == b.size && a.stream == b.stream
+        }
+        _ => false,
+    }
+}
+
+/// The stand-in stream of the deferred free requested at trace entry `free`: above every
+/// stream a device or a trace uses (CUDA stream handles and trace stream ids are user-space
+/// pointers or small numbers).
+fn stand_in_stream(free: usize) -> StreamId {
+    StreamId((1 << 63) | free as u64)
 }
 
 /// What [`make_calls`] saw: the OOMs, those a device limit caused, and the frees skipped.
 pub type CallOutcome = (Vec<ReplayOom>, Vec<LimitHit>, usize);
 
-/// Makes `calls` on `allocator`, each trace stream replaced by `stream_of(stream)`; deferred
-/// frees are recorded on `deferred_stream` first. A request that fails is an OOM of the result
-/// (with the limit named where the backend named one), and the free of what it would have made
-/// is skipped; any other error stops the replay.
+/// Makes `calls` on `allocator`, each trace stream replaced by `stream_of(stream)`; a deferred
+/// free is recorded on a stand-in stream that finishes at its [`ReplayCall::FreeCompleted`]. A
+/// request that fails is an OOM of the result (with the limit named where the backend named
+/// one), and the free of what it would have made is skipped; any other error stops the replay.
 pub fn make_calls<B: Backend>(
-    allocator: &mut CachingAllocator<B>,
+    allocator: &mut CachingAllocator<StandInStreams<B>>,
     calls: &[ReplayCall],
     stream_of: impl Fn(StreamId) -> StreamId,
-    deferred_stream: StreamId,
 ) -> Result<CallOutcome, RuntimeError> {
     let mut live: HashMap<usize, Allocation> = HashMap::new();
     let (mut ooms, mut limits, mut skipped) = (Vec::new(), Vec::new(), 0);
@@ -113,20 +150,35 @@ pub fn make_calls<B: Backend>(
                 }
                 Err(other) => return Err(other.into()),
             },
-            ReplayCall::Free { malloc, deferred, .. } => {
+            ReplayCall::Free { index, malloc, deferred } => {
                 let Some(allocation) = live.remove(&malloc) else {
                     skipped += 1;
                     continue;
                 };
                 if deferred {
-                    allocator.record_stream(&allocation, deferred_stream)?;
+                    let stand_in = stand_in_stream(index);
+                    allocator.backend_mut().hold(stand_in);
+                    allocator.record_stream(&allocation, stand_in)?;
                 }
                 allocator.free(allocation)?;
             }
+            ReplayCall::FreeCompleted { free, .. } => allocator.backend_mut().finish(stand_in_stream(free)),
             ReplayCall::EmptyCache { .. } => allocator.empty_cache()?,
         }
     }
     Ok((ooms, limits, skipped))
+}
+
+/// The allocator's trace, each entry on the trace stream its device stream stands for.
+fn events_on_trace_streams<B: Backend>(
+    allocator: &CachingAllocator<B>,
+    trace_stream_of: impl Fn(StreamId) -> StreamId,
+) -> Vec<TraceEntry> {
+    let mut events = allocator.trace();
+    for e in &mut events {
+        e.stream = trace_stream_of(e.stream);
+    }
+    events
 }
 
 /// Replays `snapshot` on a wgpu adapter (`adapter`: its index in wgpu's enumeration, `None`:
@@ -142,12 +194,15 @@ pub fn replay_on_wgpu(
     let device = describe_wgpu(&context, options.device_total);
     let recorded = ReplayOptions { record_calls: true, ..options.clone() };
     let sim = replay(snapshot, &recorded, |_, _| {}).map_err(|e| RuntimeError::Parameters(e.to_string()))?;
-    let mut allocator = cachalot_wgpu::caching_allocator(&context, options.config.clone())?;
+    let backend = StandInStreams::new(cachalot_wgpu::WgpuBackend::new(Arc::clone(&context)));
+    let mut allocator = CachingAllocator::new(backend, options.config.clone())?;
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
     }
-    let outcome = make_calls(&mut allocator, &sim.calls, |stream| stream, QUEUE_STREAM)?;
-    let result = summary(device, sim.entries, &allocator, outcome);
+    allocator.record_history(true, usize::MAX, &[], false);
+    let outcome = make_calls(&mut allocator, &sim.calls, |stream| stream)?;
+    let events = events_on_trace_streams(&allocator, |stream| stream);
+    let result = summary(device, sim.entries, &allocator, outcome, events);
     context.wait_idle()?;
     allocator.empty_cache()?;
     Ok(result)
@@ -165,11 +220,13 @@ pub fn replay_on_cuda(
         .map_err(|e| RuntimeError::Unavailable { backend: "cuda", reason: e.to_string() })?;
     let recorded = ReplayOptions { record_calls: true, ..options.clone() };
     let sim = replay(snapshot, &recorded, |_, _| {}).map_err(|e| RuntimeError::Parameters(e.to_string()))?;
-    let mut allocator = cachalot_cuda::caching_allocator(ordinal, options.config.clone())?;
+    let backend = StandInStreams::new(cachalot_cuda::CudaBackend::new(ordinal)?);
+    let mut allocator = CachingAllocator::new(backend, options.config.clone())?;
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
     }
-    let cuda = Arc::clone(allocator.backend().cuda());
+    allocator.record_history(true, usize::MAX, &[], false);
+    let cuda = Arc::clone(allocator.backend().device().cuda());
     let mut streams: HashMap<StreamId, StreamId> = HashMap::from([(StreamId::DEFAULT, StreamId::DEFAULT)]);
     for call in &sim.calls {
         if let ReplayCall::Malloc { stream, .. } = call
@@ -178,10 +235,10 @@ pub fn replay_on_cuda(
             streams.insert(*stream, cuda.new_stream()?);
         }
     }
-    let side = cuda.new_stream()?;
-    let outcome =
-        make_calls(&mut allocator, &sim.calls, |stream| streams.get(&stream).copied().unwrap_or(stream), side)?;
-    let result = summary(device, sim.entries, &allocator, outcome);
+    let outcome = make_calls(&mut allocator, &sim.calls, |stream| streams.get(&stream).copied().unwrap_or(stream))?;
+    let trace_streams: HashMap<StreamId, StreamId> = streams.iter().map(|(&t, &d)| (d, t)).collect();
+    let events = events_on_trace_streams(&allocator, |s| trace_streams.get(&s).copied().unwrap_or(s));
+    let result = summary(device, sim.entries, &allocator, outcome, events);
     cuda.synchronize()?;
     allocator.empty_cache()?;
     Ok(result)
@@ -193,6 +250,7 @@ fn summary<B: Backend>(
     entries: usize,
     allocator: &CachingAllocator<B>,
     (ooms, limits, skipped_frees): CallOutcome,
+    events: Vec<TraceEntry>,
 ) -> DeviceReplay {
     let stats = allocator.stats();
     DeviceReplay {
@@ -208,6 +266,7 @@ fn summary<B: Backend>(
         ooms,
         limits,
         skipped_frees,
+        events,
     }
 }
 
@@ -225,6 +284,17 @@ mod tests {
         cachalot_trace::snapshot::pickle::read_snapshot(&std::fs::read(path).unwrap()).unwrap()
     }
 
+    /// A simulator with addresses of its own (none planned from the recording), as a device has.
+    fn plain_simulator(options: &ReplayOptions) -> CachingAllocator<StandInStreams<SimBackend>> {
+        let backend = StandInStreams::new(SimBackend::new(options.device_total));
+        let mut allocator = CachingAllocator::new(backend, options.config.clone()).unwrap();
+        if let Some(fraction) = options.memory_fraction {
+            allocator.set_memory_fraction(fraction).unwrap();
+        }
+        allocator.record_history(true, usize::MAX, &[], false);
+        allocator
+    }
+
     /// The calls made again on a plain simulator (no planned addresses, no driver figures) give
     /// the simulator replay's stats: the calls are the whole program, deferred frees included
     /// (multistream has them; the simulator completes an unheld stream's events at once).
@@ -237,9 +307,8 @@ mod tests {
             assert!(!replayed.calls.is_empty(), "{name}");
             let deferred = replayed.calls.iter().any(|c| matches!(c, ReplayCall::Free { deferred: true, .. }));
             assert_eq!(deferred, name == "multistream", "{name}: frees that wait for another stream");
-            let mut allocator =
-                CachingAllocator::new(SimBackend::new(options.device_total), options.config.clone()).unwrap();
-            let (ooms, limits, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s, QUEUE_STREAM).unwrap();
+            let mut allocator = plain_simulator(&options);
+            let (ooms, limits, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s).unwrap();
             assert_eq!((ooms.len(), limits.len(), skipped), (0, 0, 0), "{name}");
             let (want, got) = (replayed.allocator.stats(), allocator.stats());
             assert_eq!(got.max_memory_reserved(), want.max_memory_reserved(), "{name}");
@@ -261,14 +330,62 @@ mod tests {
             ..ReplayOptions::for_snapshot(&snapshot, None).unwrap()
         };
         let replayed = replay(&snapshot, &options, |_, _| {}).unwrap();
-        let mut allocator =
-            CachingAllocator::new(SimBackend::new(options.device_total), options.config.clone()).unwrap();
-        let (ooms, _, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s, QUEUE_STREAM).unwrap();
+        let mut allocator = plain_simulator(&options);
+        let (ooms, _, skipped) = make_calls(&mut allocator, &replayed.calls, |s| s).unwrap();
         let indices = |o: &[ReplayOom]| o.iter().map(|o| o.index).collect::<Vec<_>>();
         assert!(!ooms.is_empty());
         assert_eq!(indices(&ooms), indices(&replayed.ooms));
         assert_eq!(skipped, ooms.len());
         assert_eq!(allocator.memory_allocated(), replayed.allocator.memory_allocated());
+    }
+
+    /// The calls made again on a plain simulator give the recorded events, addresses as
+    /// (segment, offset), deferred frees completing where they did (multistream has 40): what
+    /// `replay --check` on a device compares. Where the recording's decisions depended on
+    /// addresses, they differ, and the check says so: best-fit ties between blocks of equal
+    /// size are broken by address, and the simulator lays segments out upwards where CUDA's
+    /// driver went downwards; `oom_probe_fraction`'s OOM came from the driver's free memory.
+    #[test]
+    fn the_calls_made_again_give_the_recorded_events() {
+        for name in ["multistream", "gpt_train_expandable", "seeds", "convnet_train", "oom_probe_fraction"] {
+            let snapshot = snapshot(name);
+            let options = ReplayOptions { record_calls: true, ..ReplayOptions::for_snapshot(&snapshot, None).unwrap() };
+            let replayed = replay(&snapshot, &options, |_, _| {}).unwrap();
+            let mut allocator = plain_simulator(&options);
+            let outcome = make_calls(&mut allocator, &replayed.calls, |s| s).unwrap();
+            let events = events_on_trace_streams(&allocator, |s| s);
+            let device = summary("simulator".into(), replayed.entries, &allocator, outcome, events);
+            let diff = check_events(&snapshot.device_traces[0], &device);
+            match name {
+                "convnet_train" => assert!(tie_broken_by_address(&diff), "{name}: {diff}"),
+                "oom_probe_fraction" => assert!(!tie_broken_by_address(&diff), "{name}: {diff}"),
+                _ => assert!(matches!(diff, EventDiff::Identical { .. }), "{name}: {diff}"),
+            }
+        }
+    }
+
+    /// Without their completion calls, multistream's deferred frees stay pending until a
+    /// synchronization: the check sees it.
+    #[test]
+    fn deferred_frees_complete_at_the_recorded_point_only_with_stand_ins() {
+        let snapshot = snapshot("multistream");
+        let options = ReplayOptions { record_calls: true, ..ReplayOptions::for_snapshot(&snapshot, None).unwrap() };
+        let calls = replay(&snapshot, &options, |_, _| {}).unwrap().calls;
+        let without: Vec<ReplayCall> =
+            calls.iter().copied().filter(|c| !matches!(c, ReplayCall::FreeCompleted { .. })).collect();
+        let completed: std::collections::HashSet<usize> = calls
+            .iter()
+            .filter_map(|c| if let ReplayCall::FreeCompleted { free, .. } = c { Some(*free) } else { None })
+            .collect();
+        let deferred = calls.iter().filter(|c| matches!(c, ReplayCall::Free { deferred: true, .. })).count();
+        assert_eq!(completed.len(), calls.len() - without.len(), "each deferred free completes once");
+        // One of multistream's 40 deferred frees never completed in the recording.
+        assert_eq!((deferred, completed.len()), (40, 39));
+        let mut allocator = plain_simulator(&options);
+        let outcome = make_calls(&mut allocator, &without, |s| s).unwrap();
+        let device = summary("simulator".into(), 0, &allocator, outcome, events_on_trace_streams(&allocator, |s| s));
+        let diff = check_events(&snapshot.device_traces[0], &device);
+        assert!(!matches!(diff, EventDiff::Identical { .. }), "{diff}");
     }
 
     /// Without `record_calls` the replay keeps none (tune's hundreds of replays pay nothing).
