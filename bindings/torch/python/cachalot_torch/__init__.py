@@ -11,8 +11,13 @@ pluggable allocator (``torch.cuda.memory_allocated()`` raises "CUDAPluggableAllo
 support getDeviceStats"); this package provides it, and with ``patch_torch=True`` (the default)
 routes ``torch.cuda``'s own functions to it, so existing scripts work unchanged.
 
+The history records each allocation's Python stack (``context``/``stacks`` as PyTorch's
+``_record_memory_history``; C++ frames are not recorded): ``torch.cuda._memory_viz`` and
+``cachalot view`` show them.
+
 Not supported: CUDA graph capture and ``torch.cuda.MemPool`` (private pools): a RuntimeError at
-capture time (``PRIVATE_POOL_ERROR``). Stack traces in the history: entries are recorded without Python stacks.
+capture time (``PRIVATE_POOL_ERROR``; the allocator itself refuses any allocation on a capturing
+stream, however the capture began).
 """
 
 from __future__ import annotations
@@ -198,7 +203,8 @@ def _patch(torch, hooks_wired: bool) -> None:
     def record_history(enabled, context=None, stacks=None, max_entries=sys.maxsize, clear_history=False,
                        compile_context=False, global_record_annotations=False, skip_actions=()):
         _native.record_memory_history(enabled is not None, min(int(max_entries), sys.maxsize),
-                                      list(skip_actions or ()), bool(clear_history))
+                                      list(skip_actions or ()), bool(clear_history),
+                                      _stacks(context, stacks or "python"))
 
     def record_history_legacy(enabled, *args, **kwargs):
         max_entries = args[1] if len(args) > 1 else kwargs.get("trace_alloc_max_entries", 1)
@@ -283,12 +289,30 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     _native.set_memory_fraction(float(fraction), _device(device))
 
 
-def record_memory_history(enabled: str | bool | None = "all", max_entries: int = sys.maxsize,
-                          skip_actions=(), clear_history: bool = False) -> None:
+def _stacks(context, stacks) -> str:
+    """PyTorch's (context, stacks) of _record_memory_history as the native side's choice: whose
+    Python stacks to record ("off", "alloc" or "all"). stacks="all" asks for C++ frames too,
+    which are not recorded: its Python frames are."""
+    if context is None:
+        return "off"
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks is 'python' or 'all', not {stacks!r}")
+    if context == "all":
+        return "all"
+    if context in ("alloc", "state"):
+        return "alloc"
+    raise ValueError(f"context is None, 'state', 'alloc' or 'all', not {context!r}")
+
+
+def record_memory_history(enabled: str | bool | None = "all", context: str | None = "all", stacks: str = "python",
+                          max_entries: int = sys.maxsize, skip_actions=(), clear_history: bool = False) -> None:
     """torch.cuda.memory._record_memory_history: on ("all" or True) or off (None or False).
-    Entries carry no Python stacks."""
+    context: whose Python stacks are recorded, as PyTorch's: "all" (allocations and frees),
+    "alloc" or "state" (allocations), None (none). Gathering a stack takes the GIL and walks the
+    frames on every allocation while the history is on."""
     on = enabled is not None and enabled is not False
-    _native.record_memory_history(on, min(int(max_entries), sys.maxsize), list(skip_actions), clear_history)
+    _native.record_memory_history(on, min(int(max_entries), sys.maxsize), list(skip_actions), clear_history,
+                                  _stacks(context, stacks))
 
 
 def snapshot(include_traces: bool = True) -> dict:
