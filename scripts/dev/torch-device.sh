@@ -9,7 +9,7 @@
 # determinism (the training workloads with PyTorch's deterministic algorithms, twice on PyTorch's
 # allocator, and multistream twice: whether PyTorch repeats itself where the first part found
 # differences).
-# SPEED_ROUNDS (default 20): rounds per speed bench (torch-speed.py).
+# SPEED_ROUNDS (default 100): rounds per speed bench (torch-speed.py).
 #
 # 1. Same bytes: capture.py's workloads, unchanged, once on each allocator (same seed; the
 #    training ones a second time on PyTorch's to see whether its losses repeat at all):
@@ -18,7 +18,7 @@
 #    `cachalot replay --check`, and open here in torch.cuda._memory_viz.
 # 2. Speed: per-step times of gpt_train and convnet_train and ns per torch.empty/del:
 #    torch-speed.py's three workers side by side (PyTorch's allocator, cachalot, PyTorch's again
-#    as the control), short blocks alternating within rounds, pinned to one core set.
+#    as the control), short blocks alternating within rounds, pinned to two cores.
 # 3. DDP (ddp): torch-ddp.py under torchrun on every GPU there is (NPROC, default all), native,
 #    cachalot and native again; marks, peaks and losses per rank compared.
 # graph: torch-graph-probe.py's captures that bypass the Python guard; a crash is re-run under
@@ -92,10 +92,10 @@ fi
 
 if has speed; then
 echo "== 2. speed"
-pin=(); command -v taskset >/dev/null && pin=(taskset -c 2-7)
-for bench in gpt_train convnet_train alloc; do
-    timeout 240 "${pin[@]}" python3 "$here/torch-speed.py" $bench "${SPEED_ROUNDS:-20}" 2>"$work/speed-$bench.err" \
-        | tee -a "$out/speed.jsonl" | grep -v '^{' ; echo "rc=$?"; tail -3 "$work/speed-$bench.err"
+pin=(); command -v taskset >/dev/null && pin=(taskset -c 2,3)
+for bench in "gpt_train ${SPEED_ROUNDS:-100} 5" "convnet_train ${SPEED_ROUNDS:-100} 10" "alloc ${SPEED_ROUNDS:-100} 2"; do
+    timeout 240 "${pin[@]}" python3 "$here/torch-speed.py" $bench 2>"$work/speed-${bench%% *}.err" \
+        | tee -a "$out/speed.jsonl" | grep -v '^{' ; echo "rc=$?"; tail -3 "$work/speed-${bench%% *}.err"
 done
 fi
 
@@ -116,8 +116,20 @@ echo "== Python stacks in the history"
 for mode in native cachalot; do
     timeout 120 python3 "$here/torch-stacks.py" $mode "$work/stacks-$mode.pickle" 2>&1 | tail -1 | tee -a "$out/stacks.jsonl"
 done
-python3 -m torch.cuda._memory_viz trace_plot "$work/stacks-cachalot.pickle" -o "$work/stacks.html" && \
-    echo "_memory_viz trace_plot opened stacks-cachalot.pickle: $(stat -c %s "$work/stacks.html") B; make_activations in it: $(grep -c make_activations "$work/stacks.html")"
+for mode in native cachalot; do
+    python3 -m torch.cuda._memory_viz trace_plot "$work/stacks-$mode.pickle" -o "$work/stacks-$mode.html" && \
+        echo "_memory_viz trace_plot opened stacks-$mode.pickle: $(stat -c %s "$work/stacks-$mode.html") B"
+    # memory_viz's own reading of the frames (its flame-graph lines of the live blocks)
+    python3 - "$work/stacks-$mode.pickle" <<'PY'
+import io, pickle, sys
+import torch.cuda._memory_viz as viz
+data = pickle.load(open(sys.argv[1], "rb"))
+out = io.StringIO()
+for segment in data["segments"]:
+    viz._write_blocks(out, f"stream_{segment['stream']}", segment["blocks"])
+print(sys.argv[1].rsplit("/", 1)[-1], "memory_viz block line:", next(l for l in out.getvalue().splitlines() if "make_activations" in l))
+PY
+done
 cp "$work/stacks-cachalot.pickle" "$work/stacks-native.pickle" "$out/" 2>/dev/null
 fi
 

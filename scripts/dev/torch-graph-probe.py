@@ -17,10 +17,14 @@ import sys
 
 faulthandler.enable()
 route = sys.argv[1]
+import torch  # noqa: E402  (CUDA is not initialized by the import)
+
+# PyTorch's own CUDAGraph.capture_begin, as code that took a reference to it before
+# cachalot_torch.enable() replaced it with the guard still calls it.
+unguarded_capture_begin = torch.cuda.CUDAGraph.capture_begin
 if route != "native":
     import cachalot_torch
     cachalot_torch.enable()
-import torch  # noqa: E402
 
 result = {"route": route}
 a = torch.ones(1024, device="cuda")
@@ -43,7 +47,7 @@ try:
             except RuntimeError as e:
                 result["capture_end"] = "RuntimeError: " + str(e).splitlines()[0][:200]
     else:
-        torch.cuda.CUDAGraph.capture_begin = torch._C._CUDAGraph.capture_begin  # undo the guard
+        torch.cuda.CUDAGraph.capture_begin = unguarded_capture_begin  # undo the guard
         try:
             with torch.cuda.graph(g):
                 b = a * 2

@@ -14,8 +14,11 @@ built its model and run 5 warm-up steps. The coordinator then runs short blocks 
 one worker at a time (the others idle, waiting on a pipe), in the order native, cachalot,
 native2, native2, cachalot, native per round, so a slow stretch of the host falls on the
 workers of one round alike and a drift within the round cancels. Per round, the ratio of each
-worker's median step to native's; reported: the median of the ROUNDS ratios, with their spread,
-and the median step over all rounds.
+round's cachalot median step to the mean of the two PyTorch workers' (and the control's, native2
+to native); reported: the median of the ROUNDS ratios with its 95% confidence interval, and the
+median step over all rounds. Run it pinned to two cores (`taskset -c 2,3`, as torch-device.sh
+does): only one worker runs at a time, and every worker's main and autograd threads then share
+the same cores, whose neighbours on the host differ from core to core.
 
 A step is timed on the host from its start to the end of `torch.cuda.synchronize()` after it
 (what a training loop waits for). `alloc` times `torch.empty(size, dtype=uint8, device="cuda");
@@ -127,8 +130,14 @@ def read(proc):
 
 
 def spread(values):
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{statistics.median(values):.4f} (IQR {q[0]:.4f}-{q[2]:.4f}, range {min(values):.4f}-{max(values):.4f})"
+    """The median of the rounds' ratios with its 95% confidence interval (distribution-free: the
+    order statistics n/2 -+ 0.98 sqrt(n) of the sorted ratios) and the interquartile range."""
+    v = sorted(values)
+    n = len(v)
+    half = 0.98 * n ** 0.5
+    lo, hi = v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]
+    q = statistics.quantiles(v, n=4) if n > 1 else [v[0]] * 3
+    return f"{statistics.median(v):.4f} (95% CI {lo:.4f}-{hi:.4f}; IQR {q[0]:.4f}-{q[2]:.4f})"
 
 
 def coordinate(bench, rounds, steps):
@@ -155,23 +164,25 @@ def coordinate(bench, rounds, steps):
     print(f"\n{bench}: {rounds} rounds of {' '.join(ORDER)}, {steps} "
           f"{'x 1000 pairs per size' if bench == 'alloc' else 'steps'} per block, workers side by side\n")
     if bench == "alloc":
-        print("| size | PyTorch ns/op (median block) | cachalot ns/op | PyTorch again ns/op | cachalot / PyTorch, median of rounds | PyTorch again / PyTorch |")
+        print("| size | PyTorch ns/op (median block) | PyTorch again | cachalot | cachalot / PyTorch (both workers), median of rounds | control: PyTorch again / PyTorch |")
         print("|---|---|---|---|---|---|")
         for size in map(str, SIZES):
             med = {m: statistics.median(b[size] for r in per_round for b in r[m]) for m in procs}
-            ratio = {m: [statistics.mean(b[size] for b in r[m]) / statistics.mean(b[size] for b in r["native"])
-                         for r in per_round] for m in ("cachalot", "native2")}
-            print(f"| {size} B | {med['native']:.0f} | {med['cachalot']:.0f} | {med['native2']:.0f} | "
-                  f"{spread(ratio['cachalot'])} | {spread(ratio['native2'])} |")
+            mean = [{m: statistics.mean(b[size] for b in r[m]) for m in procs} for r in per_round]
+            against_both = [b["cachalot"] / ((b["native"] + b["native2"]) / 2) for b in mean]
+            control = [b["native2"] / b["native"] for b in mean]
+            print(f"| {size} B | {med['native']:.0f} | {med['native2']:.0f} | {med['cachalot']:.0f} | "
+                  f"{spread(against_both)} | {spread(control)} |")
     else:
         med = {m: statistics.median(t for r in per_round for b in r[m] for t in b) for m in procs}
-        ratio = {m: [statistics.median(t for b in r[m] for t in b) / statistics.median(t for b in r["native"] for t in b)
-                     for r in per_round] for m in ("cachalot", "native2")}
+        block = [{m: statistics.median(t for b in r[m] for t in b) for m in procs} for r in per_round]
+        against_both = [b["cachalot"] / ((b["native"] + b["native2"]) / 2) for b in block]
+        control = [b["native2"] / b["native"] for b in block]
         n = rounds * 2 * steps
-        print("| bench | PyTorch step | cachalot step | PyTorch again | cachalot / PyTorch, median of rounds | PyTorch again / PyTorch (control) |")
+        print("| bench | PyTorch step | PyTorch again | cachalot step | cachalot / PyTorch (both workers), median of rounds | control: PyTorch again / PyTorch |")
         print("|---|---|---|---|---|---|")
-        print(f"| {bench} (median of {n} steps each) | {med['native'] * 1e3:.3f} ms | {med['cachalot'] * 1e3:.3f} ms | "
-              f"{med['native2'] * 1e3:.3f} ms | {spread(ratio['cachalot'])} | {spread(ratio['native2'])} |")
+        print(f"| {bench} (median of {n} steps each) | {med['native'] * 1e3:.3f} ms | {med['native2'] * 1e3:.3f} ms | "
+              f"{med['cachalot'] * 1e3:.3f} ms | {spread(against_both)} | {spread(control)} |")
 
 
 if __name__ == "__main__":
@@ -179,6 +190,6 @@ if __name__ == "__main__":
         worker(sys.argv[2], sys.argv[3])
     else:
         bench = sys.argv[1]
-        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-        steps = int(sys.argv[3]) if len(sys.argv) > 3 else (2 if bench == "alloc" else 10)
+        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+        steps = int(sys.argv[3]) if len(sys.argv) > 3 else (2 if bench == "alloc" else 5)
         coordinate(bench, rounds, steps)

@@ -89,10 +89,11 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
         before torch.OutOfMemoryError is raised.
     patch_torch: route torch.cuda's memory functions to cachalot (PATCHED_TORCH_FUNCTIONS).
     shim: install through the C++ shim (built once with torch.utils.cpp_extension, cached), which
-        wires record_stream, empty_cache, the memory fraction, torch.OutOfMemoryError and the
-        graph-capture error. shim=False uses torch.cuda.memory.CUDAPluggableAllocator (alloc and
-        free only): Tensor.record_stream is then not honoured and an out-of-memory allocation is
-        a null pointer PyTorch does not check; use it only where no compiler is available.
+        wires record_stream, empty_cache, the memory fraction, and raises a failed allocation
+        (torch.OutOfMemoryError, or RuntimeError: an allocation during graph capture).
+        shim=False uses torch.cuda.memory.CUDAPluggableAllocator (alloc and free only):
+        Tensor.record_stream is then not honoured and a failed allocation is a null pointer
+        PyTorch does not check; use it only where no compiler is available.
     """
     global _enabled
     if _enabled:
@@ -144,8 +145,8 @@ PRIVATE_POOL_ERROR = (
 
 def _refuse_private_pools(torch) -> None:
     """CUDA graph capture and MemPool: a RuntimeError when they start, in Python, before PyTorch
-    sets up a private pool the pluggable allocator cannot serve. (A capture begun from C++ gets
-    the shim's error at its first allocation.)"""
+    sets up a private pool the pluggable allocator cannot serve. (A capture begun below this
+    guard, from torch._C or C++, gets the allocator's own refusal at its first allocation.)"""
 
     def capture_begin(self, *args, **kwargs):
         raise RuntimeError(PRIVATE_POOL_ERROR)
