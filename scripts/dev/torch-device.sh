@@ -5,18 +5,24 @@
 #   here:    scripts/dev/torch-build.sh            # the wheel, the scripts and capture.py into .dev-torch/
 #   device:  bash .dev-torch/torch-device.sh [PARTS]   # with carry [".dev-torch"]; results under $OUT
 #
-# PARTS (default "same features speed"): any of same, features, speed, determinism (the training
-# workloads with PyTorch's deterministic algorithms, twice on PyTorch's allocator, and
-# multistream twice: whether PyTorch repeats itself where the first part found differences).
-# SPEED_ROUNDS (default 2): native/cachalot alternations per speed bench.
+# PARTS (default "same features speed"): any of same, features, speed, graph, stacks, ddp,
+# determinism (the training workloads with PyTorch's deterministic algorithms, twice on PyTorch's
+# allocator, and multistream twice: whether PyTorch repeats itself where the first part found
+# differences).
+# SPEED_ROUNDS (default 100): rounds per speed bench (torch-speed.py).
 #
 # 1. Same bytes: capture.py's workloads, unchanged, once on each allocator (same seed; the
 #    training ones a second time on PyTorch's to see whether its losses repeat at all):
 #    torch-compare.py checks every mark, the peak, memory_stats and the losses. cachalot's
 #    snapshots (with their expected.json) come back in $OUT/cachalot-runs.tar.gz for
 #    `cachalot replay --check`, and open here in torch.cuda._memory_viz.
-# 2. Speed: per-step times of gpt_train and convnet_train and ns per torch.empty/del, the modes
-#    alternating (native, cachalot, native, cachalot), medians.
+# 2. Speed: per-step times of gpt_train and convnet_train and ns per torch.empty/del:
+#    torch-speed.py's three workers side by side (PyTorch's allocator, cachalot, PyTorch's again
+#    as the control), short blocks alternating within rounds, pinned to two cores.
+# 3. DDP (ddp): torch-ddp.py under torchrun on every GPU there is (NPROC, default all), native,
+#    cachalot and native again; marks, peaks and losses per rank compared.
+# graph: torch-graph-probe.py's captures that bypass the Python guard; a crash is re-run under
+#    cuda-gdb for its backtrace. stacks: torch-stacks.py on both allocators (frames, cost).
 # 4. Cross-stream safety (and graph capture, OOM, the torch.cuda patch): torch-features.py on
 #    both allocators and on cachalot without its record_stream hook.
 set -uo pipefail
@@ -86,30 +92,59 @@ fi
 
 if has speed; then
 echo "== 2. speed"
-for bench in gpt_train convnet_train alloc; do
-    for round in $(seq "${SPEED_ROUNDS:-2}"); do
-        for mode in native cachalot; do
-            timeout 200 python3 "$here/torch-speed.py" $mode $bench 30 2>&1 | tail -1 >> "$out/speed.jsonl"
-        done
-    done
+pin=(); command -v taskset >/dev/null && pin=(taskset -c 2,3)
+for bench in "gpt_train ${SPEED_ROUNDS:-100} 5" "convnet_train ${SPEED_ROUNDS:-100} 10" "alloc ${SPEED_ROUNDS:-100} 2"; do
+    timeout 240 "${pin[@]}" python3 "$here/torch-speed.py" $bench 2>"$work/speed-${bench%% *}.err" \
+        | tee -a "$out/speed.jsonl" | grep -v '^{' ; echo "rc=$?"; tail -3 "$work/speed-${bench%% *}.err"
 done
-python3 - "$out/speed.jsonl" <<'PY' | tee "$out/speed.md"
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print("| bench | PyTorch | cachalot | cachalot / PyTorch |\n|---|---|---|---|")
-for bench in ("gpt_train", "convnet_train"):
-    med = {m: statistics.median(t for r in rows if r["bench"] == bench and r["mode"] == m for t in r["step_seconds"]) for m in ("native", "cachalot")}
-    print(f"| {bench} step (median of all runs' steps) | {med['native']*1e3:.3f} ms | {med['cachalot']*1e3:.3f} ms | {med['cachalot']/med['native']:.4f} |")
-for size in rows[-1]["ns_per_empty_del"] if rows and "ns_per_empty_del" in rows[-1] else []:
-    v = {m: min(r["ns_per_empty_del"][size] for r in rows if r["bench"] == "alloc" and r["mode"] == m) for m in ("native", "cachalot")}
-    print(f"| torch.empty/del {size} B (best run) | {v['native']:.0f} ns | {v['cachalot']:.0f} ns | {v['cachalot']/v['native']:.3f} |")
-# Each round's pair (native then cachalot, a moment apart): the ratio of their medians.
-for bench in ("gpt_train", "convnet_train"):
-    runs = [r for r in rows if r["bench"] == bench]
-    ratios = [statistics.median(c["step_seconds"]) / statistics.median(n["step_seconds"])
-              for n, c in zip(runs[0::2], runs[1::2]) if n["mode"] == "native" and c["mode"] == "cachalot"]
-    if ratios:
-        print(f"| {bench}: median of {len(ratios)} paired ratios | | | {statistics.median(ratios):.4f} (range {min(ratios):.3f}-{max(ratios):.3f}) |")
+fi
+
+if has graph; then
+echo "== graph capture below the Python guard"
+for route in native c-global c-relaxed graph-unguarded; do
+    timeout 60 python3 "$here/torch-graph-probe.py" $route > "$work/graph-$route.log" 2>&1
+    rc=$?; echo "$route rc=$rc: $(tail -1 "$work/graph-$route.log")" | tee -a "$out/graph.log"
+    if [ $rc -ge 128 ] && command -v cuda-gdb >/dev/null; then
+        timeout 120 cuda-gdb -q -batch -ex "set pagination off" -ex run -ex bt --args python3 "$here/torch-graph-probe.py" $route 2>&1 \
+            | grep -v "^\[New Thread\|^\[Thread" | tail -40 | tee -a "$out/graph.log"
+    fi
+done
+fi
+
+if has stacks; then
+echo "== Python stacks in the history"
+for mode in native cachalot; do
+    timeout 120 python3 "$here/torch-stacks.py" $mode "$work/stacks-$mode.pickle" 2>&1 | tail -1 | tee -a "$out/stacks.jsonl"
+done
+for mode in native cachalot; do
+    python3 -m torch.cuda._memory_viz trace_plot "$work/stacks-$mode.pickle" -o "$work/stacks-$mode.html" && \
+        echo "_memory_viz trace_plot opened stacks-$mode.pickle: $(stat -c %s "$work/stacks-$mode.html") B"
+    # memory_viz's own reading of the frames (its flame-graph lines of the live blocks)
+    python3 - "$work/stacks-$mode.pickle" <<'PY'
+import io, pickle, sys
+import torch.cuda._memory_viz as viz
+data = pickle.load(open(sys.argv[1], "rb"))
+out = io.StringIO()
+for segment in data["segments"]:
+    viz._write_blocks(out, f"stream_{segment['stream']}", segment["blocks"])
+print(sys.argv[1].rsplit("/", 1)[-1], "memory_viz block line:", next(l for l in out.getvalue().splitlines() if "make_activations" in l))
 PY
+done
+cp "$work/stacks-cachalot.pickle" "$work/stacks-native.pickle" "$out/" 2>/dev/null
+fi
+
+if has ddp; then
+echo "== 3. DDP over NCCL"
+nproc=${NPROC:-$(nvidia-smi -L | wc -l)}
+for run in native cachalot native2; do
+    mode=${run%2}
+    timeout 180 torchrun --standalone --nproc_per_node "$nproc" "$here/torch-ddp.py" $mode "$work/ddp/$run" 8 > "$work/ddp-$run.log" 2>&1
+    echo "torchrun --nproc_per_node $nproc torch-ddp.py $mode: rc=$?"; grep -i "error\|Traceback" "$work/ddp-$run.log" | head -5
+done
+python3 "$here/torch-ddp.py" compare "$work/ddp" native cachalot native2 | tee "$out/ddp.md"; echo "compare rc=$?"
+for p in "$work"/ddp/cachalot/rank*.pickle; do
+    python3 -m torch.cuda._memory_viz trace_plot "$p" -o "$p.html" && echo "_memory_viz opened $(basename "$p"): $(stat -c %s "$p.html") B"
+done
+tar -C "$work/ddp" -czf "$out/ddp-runs.tar.gz" native cachalot
 fi
 } 2>&1 | tee "$out/log"

@@ -60,6 +60,29 @@ impl TorchCudaBackend {
     fn bind(&self) -> Result<(), BackendError> {
         self.inner.cuda().bind().map_err(BackendError::from)
     }
+
+    /// Whether `stream` is capturing a CUDA graph. The legacy default stream (0) counts as
+    /// capturing while another stream of the context captures in global or thread-local mode,
+    /// where the driver refuses to say (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): work on it would
+    /// join the capture.
+    pub fn capture_status(&self, stream: StreamId) -> Result<bool, BackendError> {
+        use sys::CUresult::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT};
+        // SAFETY: a stream handle PyTorch gave the allocator (or 0, the legacy stream).
+        let query = || unsafe { result::stream::is_capturing(raw_stream(stream)) };
+        let status = match query() {
+            // A thread PyTorch has not yet bound to the device asks about the legacy stream.
+            Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => {
+                self.bind()?;
+                query()
+            }
+            other => other,
+        };
+        match status {
+            Ok(status) => Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE),
+            Err(e) if e.0 == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
+            Err(e) => Err(driver_error("cuStreamIsCapturing", e)),
+        }
+    }
 }
 
 fn driver_error(call: &str, error: DriverError) -> BackendError {
@@ -165,6 +188,17 @@ impl Drop for TorchCudaBackend {
         for event in self.event_pool.drain(..) {
             // SAFETY: pooled events are not recorded anywhere any more.
             let _ = unsafe { result::event::destroy(event.0) };
+        }
+    }
+}
+
+impl DeviceBackend {
+    /// Whether `stream` is capturing a CUDA graph ([`TorchCudaBackend::capture_status`]); the
+    /// simulator never captures.
+    pub fn capture_status(&self, stream: StreamId) -> Result<bool, BackendError> {
+        match self {
+            DeviceBackend::Cuda(b) => b.capture_status(stream),
+            DeviceBackend::Sim(_) => Ok(false),
         }
     }
 }

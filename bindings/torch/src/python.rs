@@ -2,17 +2,20 @@
 //! of the C ABI for PyTorch, and the stats, history and snapshots PyTorch's API cannot reach
 //! through a pluggable allocator). The Python package (`python/cachalot_torch`) wraps it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
-use cachalot_core::AllocatorConfig;
 use cachalot_core::trace::TraceAction;
+use cachalot_core::{AllocatorConfig, Frame};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
 use crate::abi::{self, registry};
-use crate::registry::{DeviceKind, Failure, History, Settings};
+use crate::registry::{DeviceKind, Failure, History, Settings, Stacks};
 
 fn runtime_error(failure: Failure) -> PyErr {
     PyRuntimeError::new_err(failure.message().to_owned())
@@ -98,10 +101,24 @@ fn memory_fraction(device: usize) -> PyResult<f64> {
 }
 
 /// `torch.cuda.memory._record_memory_history`: on with a ring buffer of `max_entries` entries
-/// (skipping the actions named in `skip`: "alloc", "free_requested", ...), or off.
+/// (skipping the actions named in `skip`: "alloc", "free_requested", ...), or off. `stacks`:
+/// whose Python stacks are recorded: "off", "alloc" (allocations; their frees report them) or
+/// "all" (frees their own too).
 #[pyfunction]
-#[pyo3(signature = (enabled, max_entries, skip=Vec::new(), clear=false))]
-fn record_memory_history(enabled: bool, max_entries: usize, skip: Vec<String>, clear: bool) -> PyResult<()> {
+#[pyo3(signature = (enabled, max_entries, skip=Vec::new(), clear=false, stacks="off"))]
+fn record_memory_history(
+    enabled: bool,
+    max_entries: usize,
+    skip: Vec<String>,
+    clear: bool,
+    stacks: &str,
+) -> PyResult<()> {
+    let stacks = match stacks {
+        "off" => Stacks::Off,
+        "alloc" => Stacks::Alloc,
+        "all" => Stacks::All,
+        other => return Err(PyValueError::new_err(format!("stacks is \"off\", \"alloc\" or \"all\", not {other:?}"))),
+    };
     let skip = skip
         .iter()
         .map(|name| {
@@ -109,7 +126,7 @@ fn record_memory_history(enabled: bool, max_entries: usize, skip: Vec<String>, c
                 .ok_or_else(|| PyValueError::new_err(format!("unknown trace action {name:?} in skip_actions")))
         })
         .collect::<PyResult<Vec<_>>>()?;
-    registry().record_history(enabled.then_some(History { max_entries, skip }), clear);
+    registry().record_history(enabled.then_some(History { max_entries, skip, stacks }), clear);
     Ok(())
 }
 
@@ -133,9 +150,61 @@ fn check_consistency(device: usize) -> PyResult<Option<String>> {
     registry().with_device(device, |state| state.allocator.check_consistency().err()).map_err(runtime_error)
 }
 
+/// The calling thread's Python stack, innermost frame first, for the history (the registry's
+/// [`crate::registry::StackSource`]). PyTorch's allocator gathers the same frames the same way
+/// (`CapturedTraceback::gather`: attach to the interpreter, walk the frames): the operator that
+/// allocates has released the GIL, which is taken back here. A thread without Python frames
+/// (autograd's backward thread) gets an empty stack, as in PyTorch's snapshots; so does any
+/// thread while the interpreter shuts down.
+fn python_stack() -> Vec<Frame> {
+    Python::try_attach(|py| python_frames(py).unwrap_or_default()).unwrap_or_default()
+}
+
+/// Code objects seen so far, with their file and function names as the history keeps them. The
+/// code object is held, so its address (the key) is never reused.
+struct CodeNames {
+    _code: Py<PyAny>,
+    filename: Arc<str>,
+    name: Arc<str>,
+}
+
+static CODE_NAMES: Mutex<Option<HashMap<usize, CodeNames>>> = Mutex::new(None);
+
+fn python_frames(py: Python<'_>) -> PyResult<Vec<Frame>> {
+    static GETFRAME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let getframe = GETFRAME.get_or_try_init(py, || py.import("sys")?.getattr("_getframe").map(Bound::unbind))?;
+    // ValueError where the thread has no Python frame.
+    let Ok(mut frame) = getframe.bind(py).call0() else { return Ok(Vec::new()) };
+    let mut names = CODE_NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let names = names.get_or_insert_with(HashMap::new);
+    let mut frames = Vec::new();
+    while !frame.is_none() {
+        let code = frame.getattr(intern!(py, "f_code"))?;
+        let key = code.as_ptr() as usize;
+        let entry = match names.get(&key) {
+            Some(entry) => entry,
+            None => {
+                let filename: String = code.getattr(intern!(py, "co_filename"))?.extract()?;
+                let name: String = code.getattr(intern!(py, "co_name"))?.extract()?;
+                names.entry(key).or_insert(CodeNames {
+                    _code: code.clone().unbind(),
+                    filename: filename.into(),
+                    name: name.into(),
+                })
+            }
+        };
+        // f_lineno is None in a few frames (a generator being torn down): line 0 there.
+        let line: i64 = frame.getattr(intern!(py, "f_lineno"))?.extract().unwrap_or(0);
+        frames.push(Frame { filename: entry.filename.clone(), line, name: entry.name.clone() });
+        frame = frame.getattr(intern!(py, "f_back"))?;
+    }
+    Ok(frames)
+}
+
 /// The native half of `cachalot_torch`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    registry().set_stack_source(python_stack);
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(function_addresses, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;

@@ -8,10 +8,13 @@
 //! C ABI (`crate::abi`) turns them into a null pointer plus a message.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use cachalot_core::trace::TraceAction;
-use cachalot_core::{Allocation, AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use cachalot_core::{
+    Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, SimBackend, StreamId,
+};
 use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
 use rustc_hash::FxHashMap;
@@ -40,7 +43,29 @@ pub struct History {
     pub max_entries: usize,
     /// Actions not recorded.
     pub skip: Vec<TraceAction>,
+    /// Which calls record the caller's stack (PyTorch's `context` with `stacks="python"`).
+    pub stacks: Stacks,
 }
+
+/// Which calls record the caller's stack in the history and in the snapshot's blocks, as
+/// PyTorch's `_record_memory_history(context=...)`: the stack comes from the
+/// [`StackSource`] (the Python package's: the calling thread's Python frames).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stacks {
+    /// No stacks (`context=None`).
+    #[default]
+    Off = 0,
+    /// Allocations record their stack; their frees report it too (`context="alloc"` or
+    /// `"state"`).
+    Alloc = 1,
+    /// Allocations and frees record their own stacks (`context="all"`).
+    All = 2,
+}
+
+/// Gathers the calling thread's stack, innermost frame first (empty where the thread has none,
+/// e.g. autograd's backward thread). Called outside every device lock.
+pub type StackSource = fn() -> Vec<Frame>;
 
 /// What every allocator made from now on starts with.
 #[derive(Clone, Debug)]
@@ -95,10 +120,38 @@ impl DeviceState {
 
 type Slot = Result<Mutex<DeviceState>, String>;
 
+/// The message of an allocation refused because its stream is being captured into a CUDA graph.
+pub const CAPTURE_ERROR: &str = "an allocation on a stream that is capturing a CUDA graph: graph capture allocates \
+into a private memory pool, which cachalot does not model yet. Capture graphs with PyTorch's own allocator \
+(do not call cachalot_torch.enable())";
+
+/// Refuses an allocation on a stream under CUDA graph capture. PyTorch's allocator serves it
+/// from the capture's private pool, kept for the graph's replays; memory from the default pools
+/// would be reused under the graph. Asked of the stream itself on every allocation, so every
+/// way a capture can begin is caught (`torch.cuda.graph`, `CUDAGraph.capture_begin` without
+/// Python's guard, a capture begun from C++).
+fn refuse_capture(state: &DeviceState, size: u64, device: usize, stream: StreamId) -> Result<(), Failure> {
+    match state.allocator.backend().capture_status(stream) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(Failure::Error(format!(
+            "allocation of {size} bytes on device {device}, stream {:#x}: {CAPTURE_ERROR}",
+            stream.0
+        ))),
+        Err(e) => Err(Failure::Error(format!(
+            "allocation of {size} bytes on device {device}: cannot ask whether stream {:#x} is \
+             capturing a CUDA graph: {e}",
+            stream.0
+        ))),
+    }
+}
+
 /// The allocators of all devices.
 pub struct Registry {
     slots: Vec<OnceLock<Slot>>,
     settings: Mutex<Settings>,
+    /// [`Stacks`] of the history now on, read on every allocation without a lock.
+    stacks: AtomicU8,
+    stack_source: OnceLock<StackSource>,
 }
 
 impl Default for Registry {
@@ -116,7 +169,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Registry {
     /// A registry whose devices will start with `settings`.
     pub fn new(settings: Settings) -> Self {
-        Registry { slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(), settings: Mutex::new(settings) }
+        let stacks = settings.history.as_ref().map_or(Stacks::Off, |h| h.stacks);
+        Registry {
+            slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
+            settings: Mutex::new(settings),
+            stacks: AtomicU8::new(stacks as u8),
+            stack_source: OnceLock::new(),
+        }
+    }
+
+    /// Sets where stacks come from when the history records them (once; later calls are
+    /// ignored). Without one, no stacks are recorded.
+    pub fn set_stack_source(&self, source: StackSource) {
+        let _ = self.stack_source.set(source);
+    }
+
+    /// The caller's stack, if the history records stacks for calls of kind `at_least`.
+    fn gather_stack(&self, at_least: Stacks) -> Option<Vec<Frame>> {
+        let recording = self.stacks.load(Ordering::Relaxed);
+        if recording == Stacks::Off as u8 || recording < at_least as u8 {
+            return None;
+        }
+        self.stack_source.get().map(|source| source())
     }
 
     /// The settings devices made from now on start with.
@@ -127,7 +201,9 @@ impl Registry {
     /// Replaces the settings. Devices already made keep their configuration and backend; the
     /// history and OOM-snapshot settings apply to all.
     pub fn configure(&self, settings: Settings) {
+        let stacks = settings.history.as_ref().map_or(Stacks::Off, |h| h.stacks);
         *lock(&self.settings) = settings;
+        self.stacks.store(stacks as u8, Ordering::Relaxed);
     }
 
     /// Device `device`'s allocator, made now if this is the first request for it.
@@ -175,9 +251,17 @@ impl Registry {
         if size == 0 {
             return Ok(0);
         }
+        // Gathered before the device lock: the stack source takes the GIL, and a thread holding
+        // the GIL may be waiting for this lock (memory_stats from Python).
+        let stack = self.gather_stack(Stacks::Alloc);
         let result = {
             let mut state = lock(self.device(device)?);
-            match state.allocator.malloc(size, stream) {
+            refuse_capture(&state, size, device, stream)?;
+            let context = stack.map(|frames| state.allocator.intern_context(&frames));
+            state.allocator.set_context(context);
+            let result = state.allocator.malloc(size, stream);
+            state.allocator.set_context(None);
+            match result {
                 Ok(allocation) => {
                     state.live.insert(allocation.address(), allocation);
                     Ok(allocation.address())
@@ -202,11 +286,16 @@ impl Registry {
         if address == 0 {
             return Ok(());
         }
+        let stack = self.gather_stack(Stacks::All);
         let mut state = lock(self.device(device)?);
         let allocation = state.live.remove(&address).ok_or_else(|| {
             Failure::Error(format!("free of {address:#x} on device {device}, which cachalot_torch did not hand out"))
         })?;
-        state.allocator.free(allocation).map_err(|e| Failure::Error(format!("free of {address:#x} failed: {e}")))
+        let context = stack.map(|frames| state.allocator.intern_context(&frames));
+        state.allocator.set_context(context);
+        let result = state.allocator.free(allocation);
+        state.allocator.set_context(None);
+        result.map_err(|e| Failure::Error(format!("free of {address:#x} failed: {e}")))
     }
 
     /// `record_stream(ptr, stream)`: the block of `ptr` is also used on `stream`. PyTorch does
@@ -248,6 +337,7 @@ impl Registry {
     /// every device made so far and those made later.
     pub fn record_history(&self, history: Option<History>, clear: bool) {
         lock(&self.settings).history = history.clone();
+        self.stacks.store(history.as_ref().map_or(Stacks::Off, |h| h.stacks) as u8, Ordering::Relaxed);
         for (_, state) in self.devices() {
             let mut state = lock(state);
             match &history {
@@ -265,16 +355,31 @@ impl Registry {
         for (device, state) in self.devices() {
             let state = lock(state);
             let allocator = &state.allocator;
-            snapshot.segments.extend(allocator.snapshot().iter().map(|s| TorchSegment::from_segment(s, device as i64)));
-            snapshot.device_traces.resize_with(device + 1, Vec::new);
-            if include_traces {
-                snapshot.device_traces[device] = allocator.trace();
+            // Each device interns its own stacks: they move into the snapshot's one table.
+            let table = allocator.contexts();
+            let mut ids = FxHashMap::default();
+            let mut context = |id: Option<ContextId>| {
+                id.map(|id| *ids.entry(id).or_insert_with(|| snapshot.contexts.intern(table.frames(id))))
+            };
+            let mut segments: Vec<TorchSegment> =
+                allocator.snapshot().iter().map(|s| TorchSegment::from_segment(s, device as i64)).collect();
+            for segment in &mut segments {
+                segment.frames = context(segment.frames);
+                for block in &mut segment.blocks {
+                    block.frames = context(block.frames);
+                }
             }
+            let mut trace = if include_traces { allocator.trace() } else { Vec::new() };
+            for entry in &mut trace {
+                entry.context = context(entry.context);
+                // Annotations are never set through PyTorch's pluggable interface.
+                entry.annotation = None;
+            }
+            snapshot.segments.extend(segments);
+            snapshot.device_traces.resize_with(device + 1, Vec::new);
+            snapshot.device_traces[device] = trace;
             if snapshot.allocator_settings.is_none() {
                 snapshot.allocator_settings = Some(TorchAllocatorSettings::from_config(allocator.config()));
-                // No stacks are recorded through the pluggable interface, so the tables hold
-                // nothing a second device would add.
-                snapshot.contexts = allocator.contexts().clone();
             }
         }
         if snapshot.allocator_settings.is_none() {
@@ -318,7 +423,7 @@ mod tests {
     #[test]
     fn the_snapshot_pickle_holds_every_device_and_its_history() {
         let registry = simulated("");
-        registry.record_history(Some(History { max_entries: 1000, skip: Vec::new() }), false);
+        registry.record_history(Some(History { max_entries: 1000, skip: Vec::new(), stacks: Stacks::Off }), false);
         let a = registry.alloc(1 << 20, 0, StreamId::DEFAULT).expect("fits");
         let b = registry.alloc(3 << 20, 2, StreamId(0x10)).expect("fits");
         registry.free(a, 0).expect("live");
@@ -336,9 +441,52 @@ mod tests {
     }
 
     #[test]
+    fn stacks_reach_the_trace_and_the_blocks_with_each_devices_ids_merged() {
+        use std::sync::atomic::AtomicUsize;
+        // Each call a different stack, so device 1's first stack (its id 0) must not come out
+        // as device 0's.
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        fn source() -> Vec<Frame> {
+            let n = CALLS.fetch_add(1, Ordering::Relaxed);
+            vec![Frame { filename: "train.py".into(), line: n as i64, name: format!("call{n}").into() }]
+        }
+        let registry = simulated("");
+        registry.set_stack_source(source);
+        let history = |stacks| Some(History { max_entries: 100, skip: Vec::new(), stacks });
+        registry.record_history(history(Stacks::Alloc), false);
+        let a = registry.alloc(1 << 20, 0, StreamId::DEFAULT).expect("fits");
+        let b = registry.alloc(1 << 20, 1, StreamId::DEFAULT).expect("fits");
+        registry.free(a, 0).expect("live"); // Stacks::Alloc: no stack gathered for the free
+        let snapshot = registry.snapshot(true);
+        let name =
+            |id: Option<ContextId>| snapshot.contexts.frames(id.expect("a stack")).first().map(|f| f.name.clone());
+        let alloc_of = |d: usize| snapshot.device_traces[d].iter().find(|e| e.action == TraceAction::Alloc).copied();
+        assert_eq!(name(alloc_of(0).expect("alloc").context).as_deref(), Some("call0"));
+        assert_eq!(name(alloc_of(1).expect("alloc").context).as_deref(), Some("call1"));
+        let free = snapshot.device_traces[0].iter().find(|e| e.action == TraceAction::FreeRequested).expect("free");
+        assert_eq!(name(free.context).as_deref(), Some("call0"), "the free reports the allocation's stack");
+        let live = snapshot.segments.iter().find(|s| s.device == 1).expect("device 1's segment").blocks[0].frames;
+        assert_eq!(name(live).as_deref(), Some("call1"));
+        assert_eq!(CALLS.load(Ordering::Relaxed), 2);
+
+        registry.record_history(history(Stacks::All), false);
+        registry.free(b, 1).expect("live");
+        let snapshot = registry.snapshot(true);
+        let free = snapshot.device_traces[1].iter().find(|e| e.action == TraceAction::FreeRequested).expect("free");
+        assert_eq!(snapshot.contexts.frames(free.context.expect("a stack"))[0].name.as_ref(), "call2");
+        registry.record_history(history(Stacks::Off), false);
+        let c = registry.alloc(1 << 20, 1, StreamId::DEFAULT).expect("fits");
+        assert_eq!(CALLS.load(Ordering::Relaxed), 3, "no stack gathered with stacks off");
+        registry.free(c, 1).expect("live");
+    }
+
+    #[test]
     fn history_set_before_a_device_exists_applies_when_it_is_made() {
         let registry = simulated("expandable_segments:True");
-        registry.record_history(Some(History { max_entries: 10, skip: vec![TraceAction::Alloc] }), false);
+        registry.record_history(
+            Some(History { max_entries: 10, skip: vec![TraceAction::Alloc], stacks: Stacks::Off }),
+            false,
+        );
         let p = registry.alloc(512, 5, StreamId::DEFAULT).expect("fits");
         let trace = registry.with_device(5, |d| d.allocator.trace()).expect("made");
         assert_eq!(trace.iter().map(|e| e.action.name()).collect::<Vec<_>>(), ["segment_map"]);

@@ -11,8 +11,13 @@ pluggable allocator (``torch.cuda.memory_allocated()`` raises "CUDAPluggableAllo
 support getDeviceStats"); this package provides it, and with ``patch_torch=True`` (the default)
 routes ``torch.cuda``'s own functions to it, so existing scripts work unchanged.
 
+The history records each allocation's Python stack (``context``/``stacks`` as PyTorch's
+``_record_memory_history``; C++ frames are not recorded): ``torch.cuda._memory_viz`` and
+``cachalot view`` show them.
+
 Not supported: CUDA graph capture and ``torch.cuda.MemPool`` (private pools): a RuntimeError at
-capture time (``PRIVATE_POOL_ERROR``). Stack traces in the history: entries are recorded without Python stacks.
+capture time (``PRIVATE_POOL_ERROR``; the allocator itself refuses any allocation on a capturing
+stream, however the capture began).
 """
 
 from __future__ import annotations
@@ -84,10 +89,11 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
         before torch.OutOfMemoryError is raised.
     patch_torch: route torch.cuda's memory functions to cachalot (PATCHED_TORCH_FUNCTIONS).
     shim: install through the C++ shim (built once with torch.utils.cpp_extension, cached), which
-        wires record_stream, empty_cache, the memory fraction, torch.OutOfMemoryError and the
-        graph-capture error. shim=False uses torch.cuda.memory.CUDAPluggableAllocator (alloc and
-        free only): Tensor.record_stream is then not honoured and an out-of-memory allocation is
-        a null pointer PyTorch does not check; use it only where no compiler is available.
+        wires record_stream, empty_cache, the memory fraction, and raises a failed allocation
+        (torch.OutOfMemoryError, or RuntimeError: an allocation during graph capture).
+        shim=False uses torch.cuda.memory.CUDAPluggableAllocator (alloc and free only):
+        Tensor.record_stream is then not honoured and a failed allocation is a null pointer
+        PyTorch does not check; use it only where no compiler is available.
     """
     global _enabled
     if _enabled:
@@ -139,8 +145,8 @@ PRIVATE_POOL_ERROR = (
 
 def _refuse_private_pools(torch) -> None:
     """CUDA graph capture and MemPool: a RuntimeError when they start, in Python, before PyTorch
-    sets up a private pool the pluggable allocator cannot serve. (A capture begun from C++ gets
-    the shim's error at its first allocation.)"""
+    sets up a private pool the pluggable allocator cannot serve. (A capture begun below this
+    guard, from torch._C or C++, gets the allocator's own refusal at its first allocation.)"""
 
     def capture_begin(self, *args, **kwargs):
         raise RuntimeError(PRIVATE_POOL_ERROR)
@@ -198,7 +204,8 @@ def _patch(torch, hooks_wired: bool) -> None:
     def record_history(enabled, context=None, stacks=None, max_entries=sys.maxsize, clear_history=False,
                        compile_context=False, global_record_annotations=False, skip_actions=()):
         _native.record_memory_history(enabled is not None, min(int(max_entries), sys.maxsize),
-                                      list(skip_actions or ()), bool(clear_history))
+                                      list(skip_actions or ()), bool(clear_history),
+                                      _stacks(context, stacks or "python"))
 
     def record_history_legacy(enabled, *args, **kwargs):
         max_entries = args[1] if len(args) > 1 else kwargs.get("trace_alloc_max_entries", 1)
@@ -283,12 +290,30 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     _native.set_memory_fraction(float(fraction), _device(device))
 
 
-def record_memory_history(enabled: str | bool | None = "all", max_entries: int = sys.maxsize,
-                          skip_actions=(), clear_history: bool = False) -> None:
+def _stacks(context, stacks) -> str:
+    """PyTorch's (context, stacks) of _record_memory_history as the native side's choice: whose
+    Python stacks to record ("off", "alloc" or "all"). stacks="all" asks for C++ frames too,
+    which are not recorded: its Python frames are."""
+    if context is None:
+        return "off"
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks is 'python' or 'all', not {stacks!r}")
+    if context == "all":
+        return "all"
+    if context in ("alloc", "state"):
+        return "alloc"
+    raise ValueError(f"context is None, 'state', 'alloc' or 'all', not {context!r}")
+
+
+def record_memory_history(enabled: str | bool | None = "all", context: str | None = "all", stacks: str = "python",
+                          max_entries: int = sys.maxsize, skip_actions=(), clear_history: bool = False) -> None:
     """torch.cuda.memory._record_memory_history: on ("all" or True) or off (None or False).
-    Entries carry no Python stacks."""
+    context: whose Python stacks are recorded, as PyTorch's: "all" (allocations and frees),
+    "alloc" or "state" (allocations), None (none). Gathering a stack takes the GIL and walks the
+    frames on every allocation while the history is on."""
     on = enabled is not None and enabled is not False
-    _native.record_memory_history(on, min(int(max_entries), sys.maxsize), list(skip_actions), clear_history)
+    _native.record_memory_history(on, min(int(max_entries), sys.maxsize), list(skip_actions), clear_history,
+                                  _stacks(context, stacks))
 
 
 def snapshot(include_traces: bool = True) -> dict:

@@ -10,18 +10,15 @@
 //   the allocator wrote, or c10::Error (RuntimeError) for anything else.
 // - record_stream (Tensor.record_stream), reset (torch.cuda.empty_cache) and memory fraction
 //   (torch.cuda.set_per_process_memory_fraction) go to the allocator.
-// - begin/end_allocate_to_pool: CUDA graph capture into a private pool is not modelled; an
-//   allocation on a capturing stream raises (RuntimeError) rather than hand the graph memory it
-//   does not own. (The Python package raises earlier, when torch.cuda.graph begins.)
+// - CUDA graph capture: the allocator itself refuses an allocation on a capturing stream (it asks
+//   the stream, cuStreamIsCapturing), and the refusal is raised here as any other failure
+//   (RuntimeError); the begin/end_allocate_to_pool hooks are left unset.
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
 #include <cstdint>
-#include <set>
-#include <mutex>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -36,41 +33,6 @@ using MemoryFractionFn = void (*)(double, int);
 using LastErrorFn = const char* (*)(int*);
 
 constexpr int kOutOfMemory = 1;
-
-// The devices with a CUDA graph capture in progress (PyTorch's begin/end_allocate_to_pool).
-struct Captures {
-  std::atomic<int> active{0};
-  std::mutex mutex;
-  std::set<int> devices;
-};
-Captures captures;
-
-// An allocation on a capturing stream is an error: it belongs to the capture's private pool,
-// which cachalot does not model, and memory from the default pools would be freed and reused
-// under the graph. The stream is asked directly (cudaStreamIsCapturing) rather than through
-// PyTorch's filter, which this shim does not keep.
-void refuse_capture(int device, cudaStream_t stream) {
-  if (captures.active.load(std::memory_order_relaxed) == 0) {
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(captures.mutex);
-    if (captures.devices.count(device) == 0) {
-      return;
-    }
-  }
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  TORCH_CHECK(
-      status == cudaStreamCaptureStatusNone,
-      "cachalot_torch: an allocation during CUDA graph capture, which allocates into a private "
-      "memory pool that cachalot does not model yet (device ",
-      device,
-      "). Capture graphs with PyTorch's own allocator (do not call cachalot_torch.enable()).");
-}
 
 }  // namespace
 
@@ -99,7 +61,6 @@ int cachalot_torch_shim_install(
 
     auto allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
         [alloc, last_error](size_t size, int device, cudaStream_t stream) -> void* {
-          refuse_capture(device, stream);
           void* ptr = alloc(size, device, stream);
           if (ptr == nullptr && size != 0) {
             int kind = 0;
@@ -126,21 +87,6 @@ int cachalot_torch_shim_install(
         record_stream(ptr, stream);
       });
     }
-    // Throwing from this hook was seen to crash the process (PyTorch 2.11, H100): it only notes
-    // the capture, and allocations on a capturing stream are refused. Not shown to work: a probe
-    // that allocated inside such a capture crashed too (bindings/torch/README.md); the Python
-    // package stops captures before they begin.
-    pluggable->set_begin_allocate_to_pool(
-        [](int device, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) {
-          std::lock_guard<std::mutex> lock(captures.mutex);
-          captures.devices.insert(device);
-          captures.active.store(static_cast<int>(captures.devices.size()));
-        });
-    pluggable->set_end_allocate_to_pool_fn([](int device, c10::cuda::MempoolId_t) {
-      std::lock_guard<std::mutex> lock(captures.mutex);
-      captures.devices.erase(device);
-      captures.active.store(static_cast<int>(captures.devices.size()));
-    });
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
     return 0;
   } catch (const std::exception& e) {

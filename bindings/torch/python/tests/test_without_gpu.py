@@ -88,6 +88,57 @@ class WithoutGpu(unittest.TestCase):
         cachalot_torch.record_memory_history(None)
         self.assertEqual(cachalot_torch.snapshot()["device_traces"][device], [])
 
+    def test_history_records_the_python_stack_of_each_allocation_and_free(self):
+        device = 9
+        cachalot_torch.record_memory_history(context="all", max_entries=100)
+
+        def allocate_activations():
+            # ctypes releases the GIL around the call, as PyTorch's operators do: the allocator
+            # takes it back to read this frame.
+            return self.alloc(3 * MIB, device, None)
+
+        def release_activations(p):
+            self.free(p, 3 * MIB, device, None)
+
+        p = allocate_activations()
+        self.assertTrue(p, self.error())
+        live = cachalot_torch.snapshot()
+        block = next(b for s in live["segments"] if s["device"] == device for b in s["blocks"]
+                     if b["state"] == "active_allocated")
+        self.assertEqual(block["frames"][0]["name"], "allocate_activations")
+        release_activations(p)
+        trace = cachalot_torch.snapshot()["device_traces"][device]
+        freed = [e["frames"][0]["name"] for e in trace if e["action"] == "free_requested"]
+        self.assertEqual(freed, ["release_activations"], "context='all': the free's own stack")
+        cachalot_torch.record_memory_history(None)
+
+        path = os.path.join(tempfile.mkdtemp(), "stacks.pickle")
+        cachalot_torch.record_memory_history(context="alloc", max_entries=100)
+        q = allocate_activations()
+        release_activations(q)
+        cachalot_torch.dump_snapshot(path)
+        cachalot_torch.record_memory_history(None)
+        with open(path, "rb") as f:
+            trace = pickle.load(f)["device_traces"][device]
+        by_action = {e["action"]: e["frames"] for e in trace}
+        alloc_frames = by_action["alloc"]
+        self.assertEqual(alloc_frames[0]["name"], "allocate_activations")
+        self.assertEqual(alloc_frames[0]["filename"], __file__)
+        self.assertEqual(alloc_frames[1]["name"], "test_history_records_the_python_stack_of_each_allocation_and_free")
+        self.assertGreater(alloc_frames[0]["line"], 0)
+        # context="alloc": the free reports the allocation's stack, as PyTorch's does.
+        self.assertEqual(by_action["free_requested"][0]["name"], "allocate_activations")
+        cachalot_torch.empty_cache()
+
+    def test_history_without_stacks_records_none(self):
+        device = 10
+        cachalot_torch.record_memory_history(context=None, max_entries=100)
+        self.free(self.alloc(MIB, device, None), MIB, device, None)
+        trace = cachalot_torch.snapshot()["device_traces"][device]
+        cachalot_torch.record_memory_history(None)
+        cachalot_torch.empty_cache()
+        self.assertEqual([e.get("frames", []) for e in trace if e["action"] == "alloc"], [[]])
+
     def test_out_of_memory_leaves_pytorchs_message(self):
         device = 8
         cachalot_torch.set_per_process_memory_fraction(0.5, device)
