@@ -1,0 +1,80 @@
+//! The Tune tab driven through egui_kittest on a reference trace (convnet_train, whose search
+//! takes about half a second unoptimised): the picture of the chart and the ranking
+//! (`tests/snapshots/tune_convnet_train.png`), the winner's line, and re-ranking by another
+//! objective without a new search.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::path::PathBuf;
+
+use cachalot_viewer::native::harness;
+use cachalot_viewer::tune::paste_line;
+use cachalot_viewer::{View, ViewerApp};
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+
+fn trace(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../testdata/traces/pytorch-2.11-h200/{name}.pickle"))
+}
+
+/// The Tune tab of `name` with its search done, the timings zeroed so that the picture is the
+/// same on every run.
+fn tuned(name: &str) -> Harness<'static, ViewerApp> {
+    let mut app = ViewerApp::new();
+    app.open_path(trace(name));
+    app.wait_for_loads();
+    app.view = View::Tune;
+    let mut harness = harness(app, egui::vec2(1200.0, 900.0), 1.0, true);
+    harness.run_steps(2);
+    harness.get_by_label("Run tune").click();
+    harness.run_steps(1);
+    let state = &mut harness.state_mut().tune;
+    state.wait();
+    let result = state.result.as_mut().unwrap().as_mut().unwrap();
+    result.seconds = 0.0;
+    for c in &mut result.tuning.ranked {
+        c.allocator_seconds = 0.0;
+    }
+    harness.run_steps(4);
+    harness
+}
+
+#[test]
+fn the_tune_tab_of_a_reference_trace() {
+    let mut harness = tuned("convnet_train");
+    let tuning = harness.state().tune.result.clone().unwrap().unwrap().tuning;
+    assert!(tuning.ranked.len() > 50, "{}", tuning.ranked.len());
+    // The winner is the best of the ranking, and its line is shown to copy.
+    let winner = tuning.winner().clone();
+    assert!(tuning.ranked.iter().all(|c| c.peak_reserved >= winner.peak_reserved || !c.fits()));
+    harness.get_by_label(&paste_line(&winner.settings));
+    harness.get_by_label("📋 Copy").click();
+    harness.run_steps(1);
+    harness.get_by_label_contains("← the trace's own");
+    harness.snapshot("tune_convnet_train");
+
+    // Another objective re-ranks the same candidates.
+    let count = tuning.ranked.len();
+    harness.get_by_label("device-calls").click();
+    harness.run_steps(2);
+    let tuning = &harness.state().tune.result.as_ref().unwrap().as_ref().unwrap().tuning;
+    assert_eq!(tuning.ranked.len(), count);
+    let fitting: Vec<u64> = tuning.ranked.iter().filter(|c| c.fits()).map(|c| c.device_calls()).collect();
+    assert!(fitting.windows(2).all(|w| w[0] <= w[1]), "ranked by device calls: {fitting:?}");
+}
+
+#[test]
+fn a_run_that_is_not_a_pytorch_trace_says_why() {
+    let mut app = ViewerApp::new();
+    app.add_runs(vec![cachalot_viewer::Run::new(
+        "a live run",
+        cachalot_viewer::model::RunKind::Live,
+        Default::default(),
+    )]);
+    app.view = View::Tune;
+    let mut harness = harness(app, egui::vec2(1000.0, 600.0), 1.0, false);
+    harness.run_steps(2);
+    harness.get_by_label("Run tune").click();
+    harness.run_steps(2);
+    harness.get_by_label_contains("a live run is not a PyTorch trace");
+}
