@@ -15,10 +15,14 @@
 
 use cachalot_trace::replay::{ExpectedRun, ReplayOptions};
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSnapshot};
-use cachalot_trace::tune::{Candidate, Objective, Tuning};
+#[cfg(not(target_arch = "wasm32"))]
+use cachalot_trace::tune::Candidate;
+use cachalot_trace::tune::{Objective, Tuning};
 
+#[cfg(not(target_arch = "wasm32"))]
 use crate::format;
 use crate::model::{Run, RunKind};
+#[cfg(not(target_arch = "wasm32"))]
 use crate::style;
 
 /// What the search of one trace needs: the trace as PyTorch's snapshot and the replay's options.
@@ -252,7 +256,26 @@ impl TuneState {
     }
 }
 
+/// The Tune tab in the browser: why it has no search, and where to get one.
+#[cfg(target_arch = "wasm32")]
+pub fn ui(
+    ui: &mut egui::Ui,
+    run: &Run,
+    input: impl FnOnce() -> Result<TuneInput, String>,
+    state: &mut TuneState,
+) -> Option<TuneAction> {
+    let _ = (run, input, state);
+    ui.add_space(20.0);
+    ui.label(
+        "Tune is not in the web page: its search replays a few hundred candidate settings in parallel \
+         on threads, which a page does not have. Run `cachalot tune TRACE.pickle`, or open the trace in \
+         `cachalot view`, for the ranking and each candidate's replay beside the trace.",
+    );
+    None
+}
+
 /// The Tune tab for `run`. `input` is what the search needs, or why the run cannot be tuned.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn ui(
     ui: &mut egui::Ui,
     run: &Run,
@@ -260,19 +283,6 @@ pub fn ui(
     state: &mut TuneState,
 ) -> Option<TuneAction> {
     state.poll();
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = (run, input);
-        ui.add_space(20.0);
-        ui.label(
-            "Tune is not in the web page: its search replays a few hundred candidate settings in parallel \
-             on threads, which a page does not have. Run `cachalot tune TRACE.pickle` (or open the trace in \
-             `cachalot view`) for the ranking; each candidate's replay opens here with `cachalot stats TRACE \
-             --config SETTING`.",
-        );
-        return None;
-    }
-    #[cfg(not(target_arch = "wasm32"))]
     {
         let mut action = None;
         ui.horizontal(|ui| {
