@@ -437,6 +437,20 @@ impl ViewerApp {
         }
     }
 
+    /// Runs the Tune tab's search of the shown run to its end, on a worker thread waited for
+    /// (headless pictures: `cachalot view TRACE --view tune --screenshot`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tune_shown_run(&mut self) {
+        let Some(tab) = self.tabs.get(self.active) else { return };
+        match tune_input(&tab.run, &self.opened_paths) {
+            Ok(input) => {
+                self.tune.start(&tab.run.name, input, &egui::Context::default());
+                self.tune.wait();
+            }
+            Err(e) => self.tune.result = Some(Err(e)),
+        }
+    }
+
     /// Replays the shown trace under a candidate's setting (off the UI path) and shows it beside
     /// the trace in Compare once it is there; a replay made before is shown at once.
     fn tune_action(&mut self, action: TuneAction) {
