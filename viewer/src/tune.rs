@@ -219,22 +219,9 @@ impl TuneState {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(job) = &self.job {
             match job.receiver.try_recv() {
-                Ok(result) => {
-                    let seconds = job.started.elapsed().as_secs_f64();
-                    let run = job.run.clone();
-                    self.result = Some(result.map(|mut tuning| {
-                        // The objective may have changed while it ran: the ranking follows the tab's.
-                        tuning.objective = self.objective;
-                        cachalot_trace::tune::rank(&mut tuning.ranked, self.objective);
-                        TuneResult { run, tuning, seconds }
-                    }));
-                    self.job = None;
-                }
+                Ok(result) => self.finish(result),
                 Err(std::sync::mpsc::TryRecvError::Empty) => {}
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    self.result = Some(Err("the search's thread ended without a result".into()));
-                    self.job = None;
-                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => self.finish(Err(NO_RESULT.into())),
             }
         }
     }
@@ -243,18 +230,28 @@ impl TuneState {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait(&mut self) {
         if let Some(job) = &self.job {
-            let result = job.receiver.recv().map_err(|_| "the search's thread ended without a result".to_owned());
-            let seconds = job.started.elapsed().as_secs_f64();
-            let run = job.run.clone();
-            self.job = None;
-            self.result = Some(result.and_then(|r| r).map(|mut tuning| {
-                tuning.objective = self.objective;
-                cachalot_trace::tune::rank(&mut tuning.ranked, self.objective);
-                TuneResult { run, tuning, seconds }
-            }));
+            let result = job.receiver.recv().unwrap_or_else(|_| Err(NO_RESULT.into()));
+            self.finish(result);
         }
     }
+
+    /// Keeps the running search's result, ranked by the tab's objective (which may have changed
+    /// while it ran).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn finish(&mut self, result: Result<Tuning, String>) {
+        let Some(job) = self.job.take() else { return };
+        let seconds = job.started.elapsed().as_secs_f64();
+        self.result = Some(result.map(|mut tuning| {
+            tuning.objective = self.objective;
+            cachalot_trace::tune::rank(&mut tuning.ranked, self.objective);
+            TuneResult { run: job.run, tuning, seconds }
+        }));
+    }
 }
+
+/// Why a search has no result: its thread ended without sending one (it panicked).
+#[cfg(not(target_arch = "wasm32"))]
+const NO_RESULT: &str = "the search's thread ended without a result";
 
 /// The Tune tab in the browser: why it has no search, and where to get one.
 #[cfg(target_arch = "wasm32")]
@@ -389,6 +386,10 @@ fn results(ui: &mut egui::Ui, result: &TuneResult, state: &mut TuneState) -> Opt
             style::series::ALLOCATED,
             format!("— lower bound: peak allocated {}", format::bytes(lower_bound(baseline.peak_allocated))),
         );
+        let highest = tuning.ranked.iter().map(|c| c.peak_reserved).max().unwrap_or(0);
+        if tuning.device_total <= highest.saturating_mul(2) {
+            ui.colored_label(style::series::OOM, format!("— device total {}", format::bytes(tuning.device_total)));
+        }
     });
     let chart_height = (ui.available_height() * 0.45).max(160.0);
     ui.allocate_ui(egui::vec2(ui.available_width(), chart_height), |ui| {
@@ -468,6 +469,17 @@ fn chart(ui: &mut egui::Ui, tuning: &Tuning, selected: Option<usize>) -> Option<
                 .color(style::series::ACTIVE)
                 .style(egui_plot::LineStyle::dashed_loose()),
             );
+            // A device the candidates come near (`--device-total`): where they stop fitting.
+            let highest = tuning.ranked.iter().map(|c| c.peak_reserved).max().unwrap_or(0);
+            if tuning.device_total <= highest.saturating_mul(2) {
+                plot.hline(
+                    HLine::new(
+                        format!("device total {}", format::bytes(tuning.device_total)),
+                        tuning.device_total as f64,
+                    )
+                    .color(style::series::OOM),
+                );
+            }
             if plot.response().clicked() { plot.pointer_coordinate() } else { None }
         });
     let point = response.inner?;

@@ -78,3 +78,46 @@ fn a_run_that_is_not_a_pytorch_trace_says_why() {
     harness.run_steps(2);
     harness.get_by_label_contains("a live run is not a PyTorch trace");
 }
+
+#[test]
+fn a_smaller_device_is_searched_anew_and_a_bad_size_is_named() {
+    let mut app = ViewerApp::new();
+    app.open_path(trace("convnet_train"));
+    app.wait_for_loads();
+    app.view = View::Tune;
+    let mut harness = harness(app, egui::vec2(1200.0, 900.0), 1.0, false);
+    harness.run_steps(2);
+    let field = |h: &mut Harness<'static, ViewerApp>, text: &str| {
+        h.get_by_role_and_label(egui::accesskit::Role::TextInput, "device total").focus();
+        h.run_steps(1);
+        h.key_press_modifiers(egui::Modifiers::COMMAND, egui::Key::A);
+        h.get_by_role_and_label(egui::accesskit::Role::TextInput, "device total").type_text(text);
+        h.run_steps(1);
+    };
+    field(&mut harness, "a lot");
+    harness.get_by_label("Run tune").click();
+    harness.run_steps(2);
+    harness.get_by_label_contains("device total 'a lot': not a size");
+
+    // 250 MiB: more than the job allocates at its peak (178 MiB), less than its own settings
+    // reserve on the trace's device (316 MiB): the allocator frees its cache and retries instead.
+    let search = |h: &mut Harness<'static, ViewerApp>, text: &str| {
+        field(h, text);
+        h.get_by_label("Run tune").click();
+        h.run_steps(1);
+        h.state_mut().tune.wait();
+        h.run_steps(2);
+        h.state().tune.result.clone().unwrap().unwrap().tuning
+    };
+    let tuning = search(&mut harness, "250MiB");
+    assert_eq!(tuning.device_total, 250 << 20);
+    assert!(tuning.ranked.iter().all(|c| c.peak_reserved <= 250 << 20));
+    assert!(tuning.baseline.fits() && tuning.winner().fits(), "{:?}", tuning.baseline);
+    harness.get_by_label_contains("— device total 250.0 MiB");
+
+    // 150 MiB: less than the job needs at once; every setting runs out, and the tab says where.
+    let tuning = search(&mut harness, "150MiB");
+    assert!(tuning.ranked.iter().all(|c| !c.fits()));
+    let first = tuning.winner().first_new_oom.as_ref().unwrap().index;
+    harness.get_by_label(&format!("no setting runs through on this device: first at entry #{first}"));
+}
