@@ -150,6 +150,9 @@ pub struct TuneState {
     pub result: Option<Result<TuneResult, String>>,
     /// The candidate picked in the chart or the table (an index in the ranking).
     pub selected: Option<usize>,
+    /// Where the chart was last drawn: bar `i` stands at x = `i`, its height the candidate's
+    /// peak reserved (for tests that click a bar).
+    pub chart_transform: Option<egui_plot::PlotTransform>,
     #[cfg(not(target_arch = "wasm32"))]
     job: Option<Job>,
 }
@@ -161,6 +164,7 @@ impl Default for TuneState {
             device_total: String::new(),
             result: None,
             selected: None,
+            chart_transform: None,
             #[cfg(not(target_arch = "wasm32"))]
             job: None,
         }
@@ -393,8 +397,13 @@ fn results(ui: &mut egui::Ui, result: &TuneResult, state: &mut TuneState) -> Opt
     });
     let chart_height = (ui.available_height() * 0.45).max(160.0);
     ui.allocate_ui(egui::vec2(ui.available_width(), chart_height), |ui| {
-        if let Some(i) = chart(ui, tuning, state.selected) {
+        // Clicking a bar opens its candidate beside the trace, as its row's button does.
+        if let Some(i) = chart(ui, tuning, state) {
             state.selected = Some(i);
+            action = Some(TuneAction::Compare {
+                settings: tuning.ranked[i].settings.clone(),
+                device_total: tuning.device_total,
+            });
         }
     });
     if let Some(c) = state.selected.and_then(|i| tuning.ranked.get(i)) {
@@ -416,7 +425,8 @@ fn results(ui: &mut egui::Ui, result: &TuneResult, state: &mut TuneState) -> Opt
 /// active colour, those that run out of memory where PyTorch did not in the OOM colour; the lower
 /// bound as a line. Returns the bar clicked.
 #[cfg(not(target_arch = "wasm32"))]
-fn chart(ui: &mut egui::Ui, tuning: &Tuning, selected: Option<usize>) -> Option<usize> {
+fn chart(ui: &mut egui::Ui, tuning: &Tuning, state: &mut TuneState) -> Option<usize> {
+    let selected = state.selected;
     use egui_plot::{Bar, BarChart, HLine, Plot};
     let baseline_rank = tuning.baseline_rank();
     let bars: Vec<Bar> = tuning
@@ -482,6 +492,7 @@ fn chart(ui: &mut egui::Ui, tuning: &Tuning, selected: Option<usize>) -> Option<
             }
             if plot.response().clicked() { plot.pointer_coordinate() } else { None }
         });
+    state.chart_transform = Some(response.transform);
     let point = response.inner?;
     let i = point.x.round();
     (i >= 0.0 && (i as usize) < tuning.ranked.len() && point.y >= 0.0).then_some(i as usize)

@@ -121,3 +121,35 @@ fn a_smaller_device_is_searched_anew_and_a_bad_size_is_named() {
     let first = tuning.winner().first_new_oom.as_ref().unwrap().index;
     harness.get_by_label(&format!("no setting runs through on this device: first at entry #{first}"));
 }
+
+#[test]
+fn clicking_a_bar_opens_its_candidate_beside_the_trace() {
+    let mut harness = tuned("convnet_train");
+    let rank = 5;
+    let tuning = harness.state().tune.result.clone().unwrap().unwrap().tuning;
+    let candidate = &tuning.ranked[rank - 1];
+    let transform = harness.state().tune.chart_transform.unwrap();
+    let pos = transform
+        .position_from_point(&egui_plot::PlotPoint::new(rank as f64 - 1.0, candidate.peak_reserved as f64 / 2.0));
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    for pressed in [true, false] {
+        let button = egui::PointerButton::Primary;
+        harness.input_mut().events.push(egui::Event::PointerButton {
+            pos,
+            button,
+            pressed,
+            modifiers: Default::default(),
+        });
+        harness.run_steps(1);
+    }
+    harness.state_mut().wait_for_loads();
+    harness.run_steps(3);
+    let app = harness.state();
+    assert_eq!(app.tune.selected, Some(rank - 1));
+    assert_eq!(app.view, View::SideBySide, "{}", app.status_json());
+    let right = &app.tabs[app.side_by_side.b].run;
+    assert_eq!(right.name, cachalot_viewer::tune::replay_name("convnet_train.pickle", &candidate.settings));
+    let peak = right.recorded_stats.as_ref().unwrap().to_flat()["reserved_bytes.all.peak"];
+    assert_eq!(u64::try_from(peak).unwrap(), candidate.peak_reserved, "the bar's height is its replay's peak");
+}
