@@ -24,6 +24,7 @@ use crate::stats;
 use crate::style;
 use crate::tabs::{self, RunTab, View};
 use crate::timeline;
+use crate::tune::{self, TuneAction, TuneInput, TuneState};
 
 /// The viewer.
 pub struct ViewerApp {
@@ -37,6 +38,15 @@ pub struct ViewerApp {
     pub side_by_side: SideBySideState,
     /// Messages at the bottom (load errors, finished runs).
     pub notices: Vec<Notice>,
+    /// The Tune tab.
+    pub tune: TuneState,
+    /// A candidate's replay being made, to show beside its trace in Compare once it is open:
+    /// the trace's tab name and the replay's.
+    tune_compare: Option<(String, String)>,
+    /// The files opened by path, by the name their runs got: where the Tune tab finds a
+    /// trace's `expected.json`.
+    #[cfg(not(target_arch = "wasm32"))]
+    opened_paths: Vec<(String, std::path::PathBuf)>,
     loader: Loader,
     experiments: Vec<Box<dyn Experiment>>,
     run_dialog: RunDialog,
@@ -68,6 +78,10 @@ impl ViewerApp {
             view: View::Segments,
             side_by_side: SideBySideState::default(),
             notices: Vec::new(),
+            tune: TuneState::default(),
+            tune_compare: None,
+            #[cfg(not(target_arch = "wasm32"))]
+            opened_paths: Vec::new(),
             loader: Loader::default(),
             experiments: Vec::new(),
             run_dialog: RunDialog::default(),
@@ -122,7 +136,11 @@ impl ViewerApp {
     /// Opens a file by path (natively).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_path(&mut self, path: impl Into<std::path::PathBuf>) {
-        let started = self.loader.open_path(path.into());
+        let path = path.into();
+        if let Some(name) = path.file_name() {
+            self.opened_paths.push((name.to_string_lossy().into_owned(), path.clone()));
+        }
+        let started = self.loader.open_path(path);
         self.notice_failure(started);
     }
 
@@ -199,6 +217,7 @@ impl ViewerApp {
         for message in self.loader.open_dropped(ctx) {
             self.notices.push(Notice::error(message));
         }
+        self.show_tune_comparison();
         if !self.loader.is_empty() || self.has_live_runs() {
             ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
@@ -371,6 +390,10 @@ impl ViewerApp {
         let state = run.seek(cache, *cursor);
         let mut go = None;
         let mut memory_action = None;
+        let mut tune_action = None;
+        #[cfg(not(target_arch = "wasm32"))]
+        let opened_paths = &self.opened_paths;
+        let tune_state = &mut self.tune;
         egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
             ui,
             |ui| match self.view {
@@ -388,6 +411,13 @@ impl ViewerApp {
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
                 View::SideBySide => {}
+                View::Tune => {
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let input = || tune_input(run, opened_paths);
+                    #[cfg(target_arch = "wasm32")]
+                    let input = || TuneInput::of(run, None);
+                    tune_action = tune::ui(ui, run, input, tune_state);
+                }
             },
         );
         if let Some(g) = go {
@@ -401,6 +431,66 @@ impl ViewerApp {
                 self.view = View::Segments;
             }
             None => {}
+        }
+        if let Some(action) = tune_action {
+            self.tune_action(action);
+        }
+    }
+
+    /// Runs the Tune tab's search of the shown run to its end, on a worker thread waited for
+    /// (headless pictures: `cachalot view TRACE --view tune --screenshot`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tune_shown_run(&mut self) {
+        let Some(tab) = self.tabs.get(self.active) else { return };
+        match tune_input(&tab.run, &self.opened_paths) {
+            Ok(input) => {
+                self.tune.start(&tab.run.name, input, &egui::Context::default());
+                self.tune.wait();
+            }
+            Err(e) => self.tune.result = Some(Err(e)),
+        }
+    }
+
+    /// Replays the shown trace under a candidate's setting (off the UI path) and shows it beside
+    /// the trace in Compare once it is there; a replay made before is shown at once.
+    fn tune_action(&mut self, action: TuneAction) {
+        let TuneAction::Compare { settings, device_total } = action;
+        let Some(tab) = self.tabs.get(self.active) else { return };
+        let trace = tab.run.name.clone();
+        let name = tune::replay_name(&trace, &settings);
+        self.tune_compare = Some((trace.clone(), name.clone()));
+        if self.tabs.iter().any(|t| t.run.name == name) {
+            self.show_tune_comparison();
+            return;
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        let input = tune_input(&tab.run, &self.opened_paths);
+        #[cfg(target_arch = "wasm32")]
+        let input = TuneInput::of(&tab.run, None);
+        match input {
+            Ok(input) => {
+                let started = self.loader.spawn(name, move |progress| {
+                    input.replay(&trace, &settings, device_total, progress).map(|r| vec![r])
+                });
+                self.notice_failure(started);
+            }
+            Err(e) => self.notices.push(Notice::error(e)),
+        }
+    }
+
+    /// Shows the candidate's replay asked for in the Tune tab beside its trace, once it is open.
+    fn show_tune_comparison(&mut self) {
+        let Some((trace, replay)) = &self.tune_compare else { return };
+        let find = |name: &str| self.tabs.iter().position(|t| t.run.name == *name);
+        if let (Some(a), Some(b)) = (find(trace), find(replay)) {
+            self.side_by_side.a = a;
+            self.side_by_side.b = b;
+            self.active = a;
+            self.view = View::SideBySide;
+            self.tune_compare = None;
+        } else if !self.is_loading() {
+            // The replay failed (its notice says why) or a tab was closed.
+            self.tune_compare = None;
         }
     }
 
@@ -449,4 +539,17 @@ impl eframe::App for ViewerApp {
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(&mut *self)
     }
+}
+
+/// What the Tune tab needs for `run`: its trace and, when it came from a file opened by path,
+/// the `expected.json` beside that file (as `cachalot tune` reads it).
+#[cfg(not(target_arch = "wasm32"))]
+fn tune_input(run: &crate::model::Run, opened: &[(String, std::path::PathBuf)]) -> Result<TuneInput, String> {
+    // A pickle with several devices names its runs "NAME [device D]".
+    let file = run.name.split(" [device ").next().unwrap_or(&run.name);
+    let expected = match opened.iter().rev().find(|(name, _)| name == file) {
+        Some((_, path)) => cachalot_trace::replay::ExpectedRun::beside(path)?,
+        None => None,
+    };
+    TuneInput::of(run, expected.as_ref())
 }

@@ -14,6 +14,8 @@
 //! - [`tabs`]: the open runs ([`tabs::RunTab`]), the panel shown ([`View`]) and the tab bar;
 //! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab), and natively
 //!   `reasons`: why they differ, from `cachalot compare`'s analysis;
+//! - [`tune`]: the "Tune" tab, `cachalot tune`'s search of a PyTorch trace as a chart and a
+//!   ranking, each candidate's replay opened beside the trace in "Compare";
 //! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
@@ -45,6 +47,7 @@ pub mod stats;
 pub mod style;
 pub mod tabs;
 pub mod timeline;
+pub mod tune;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod native;

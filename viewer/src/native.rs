@@ -191,6 +191,10 @@ pub fn screenshot(mut app: ViewerApp, options: &ScreenshotOptions, out: &Path) -
             tab.cursor = cursor.min(tab.run.end());
         }
     }
+    if options.view == View::Tune {
+        // The picture of the Tune tab is of its search's result.
+        app.tune_shown_run();
+    }
     let mut harness = harness(app, options.size, options.pixels_per_point, false);
     // A few frames: panels settle their sizes and the plot its bounds.
     harness.run_steps(4);

@@ -30,11 +30,14 @@ pub enum View {
     Events,
     /// Two runs side by side ([`crate::side_by_side`]); its tab is titled "Compare".
     SideBySide,
+    /// The settings a PyTorch trace needs ([`crate::tune`]).
+    Tune,
 }
 
 impl View {
     /// Every view, in tab order.
-    pub const ALL: [View; 6] = [View::Segments, View::Memory, View::Pools, View::Stats, View::Events, View::SideBySide];
+    pub const ALL: [View; 7] =
+        [View::Segments, View::Memory, View::Pools, View::Stats, View::Events, View::SideBySide, View::Tune];
 
     /// The tab's title.
     pub fn title(self) -> &'static str {
@@ -45,6 +48,7 @@ impl View {
             View::Stats => "Stats",
             View::Events => "Events",
             View::SideBySide => "Compare",
+            View::Tune => "Tune",
         }
     }
 

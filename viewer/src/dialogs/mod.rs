@@ -1,12 +1,17 @@
-//! The app's dialogs: "Run experiment" (pick one of the experiments the host gave the viewer,
-//! and a backend, and start it) and, natively, "Open files" (a path field and the folder's
+//! The app's dialogs: "Run experiment" (natively, any experiment of `cachalot run` with its
+//! settings, [`run_settings`]; and the experiments the host gave the viewer, each on a backend)
+//! and, natively, "Open files" (a path field and the folder's
 //! files, so that no system dialog is needed) and "Save run" (a finished run as a cachalot
 //! snapshot or a PyTorch pickle).
 
 #[cfg(not(target_arch = "wasm32"))]
 mod open_files;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod run_settings;
+#[cfg(not(target_arch = "wasm32"))]
 mod save_run;
+#[cfg(not(target_arch = "wasm32"))]
+mod starting;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use open_files::OpenDialog;
@@ -26,6 +31,15 @@ pub struct RunDialog {
     error: Option<String>,
     /// An experiment (index) and backend to start at the next frame without showing the dialog.
     queued: Option<(usize, String)>,
+    /// The `cachalot run` form.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub settings: run_settings::RunSettings,
+    /// The form's run while its device opens.
+    #[cfg(not(target_arch = "wasm32"))]
+    starting: Option<starting::Starting>,
+    /// Why the form's run did not start.
+    #[cfg(not(target_arch = "wasm32"))]
+    form_error: Option<String>,
 }
 
 impl RunDialog {
@@ -53,7 +67,15 @@ impl RunDialog {
         }
         let mut open = true;
         let mut start = None;
+        #[cfg(not(target_arch = "wasm32"))]
+        let mut started_here = None;
         egui::Window::new("Run experiment").open(&mut open).collapsible(false).show(ctx, |ui| {
+            #[cfg(not(target_arch = "wasm32"))]
+            {
+                started_here = self.run_form(ui);
+                ui.separator();
+                ui.strong("Offered by the program");
+            }
             if experiments.is_empty() {
                 ui.label("The program showing this viewer offers no experiments.");
             }
@@ -83,6 +105,12 @@ impl RunDialog {
             }
         });
         let mut started = None;
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(live) = started_here {
+            started = Some(live);
+            self.error = None;
+            open = false;
+        }
         if let Some(backend) = start {
             match experiments.get(self.experiment).map(|e| e.start(&backend, ctx)) {
                 Some(Ok(live)) => {
@@ -95,6 +123,50 @@ impl RunDialog {
             }
         }
         self.open = open;
+        #[cfg(not(target_arch = "wasm32"))]
+        if !open {
+            // Closing the window gives up a run whose device was still opening.
+            self.starting = None;
+        }
+        started
+    }
+
+    /// The `cachalot run` form and its Start button; returns the run once its device opened.
+    /// What is wrong with the form, or why the device did not open, is shown under it.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn run_form(&mut self, ui: &mut egui::Ui) -> Option<LiveRun> {
+        ui.strong("cachalot run");
+        self.settings.ui(ui);
+        let mut started = None;
+        if let Some(starting) = &mut self.starting {
+            match starting.poll() {
+                None => {
+                    ui.horizontal(|ui| {
+                        ui.spinner();
+                        ui.label(format!("{}: opening the device…", starting.name));
+                    });
+                }
+                Some(Ok(live)) => {
+                    self.starting = None;
+                    started = Some(live);
+                }
+                Some(Err(why)) => {
+                    self.starting = None;
+                    self.form_error = Some(why);
+                }
+            }
+        } else if ui.button("Start run").clicked() {
+            match self.settings.experiment().and_then(|e| starting::Starting::spawn(e, ui.ctx())) {
+                Ok(starting) => {
+                    self.form_error = None;
+                    self.starting = Some(starting);
+                }
+                Err(e) => self.form_error = Some(e),
+            }
+        }
+        if let Some(error) = &self.form_error {
+            ui.colored_label(style::series::OOM, error);
+        }
         started
     }
 }
