@@ -5,7 +5,8 @@
 #
 # DIR holds gen.py, capture.py, check.py and a stripped release `cachalot` (see README.md for
 # how to carry it there). Writes to $OUT (default /tmp/conformance-out): specs.jsonl, log,
-# check.txt and traces-N.tar (the traces, mismatches first, xz-compressed; see check.py).
+# check.txt and traces-N.tar (the traces, mismatches first, xz-compressed; see check.py), at most
+# 8 files in all (PACK_FILES tars, 5 by default), as the GPU machine gives back.
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 seed=$1 count=$2 start=${3:-0}
@@ -22,7 +23,7 @@ mkdir -p "$out" "$cap"
     grep -v ' 0 ' "$cap/capture.log" | head -20
     cat "$cap"/*.error.txt 2>/dev/null | sort | uniq -c | sort -rn | head -10
     if [[ -x $dir/cachalot ]]; then
-        python3 "$dir/check.py" --cachalot "$dir/cachalot" "$cap" --pack "$out"
+        python3 "$dir/check.py" --cachalot "$dir/cachalot" "$cap" --pack "$out" --pack-files "${PACK_FILES:-5}"
         cp "$cap/check.txt" "$out/"
     else
         echo "no cachalot binary in $dir: packing without a check"

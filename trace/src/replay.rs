@@ -391,7 +391,7 @@ pub fn replay_observed(
     let mut sim = SimBackend::new(options.device_total);
     let (segments, reservations) = planned_addresses(trace, options);
     sim.plan_segment_addresses(segments);
-    sim.plan_reservation_addresses(reservations);
+    sim.plan_reservation_addresses(reservations.iter().map(|r| r.base));
     let mut allocator = CachingAllocator::new(sim, options.config.clone())?;
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
@@ -498,6 +498,10 @@ pub fn replay_observed(
             }
             TraceAction::FreeCompleted => {
                 if let Some(&stream) = completions.get(&i) {
+                    if options.calls.is_some() && completes_in_retry_chain(trace, i) {
+                        i += 1;
+                        continue; // the next malloc's release synchronizes the stream itself
+                    }
                     // The other stream's work is done now; the free completes at the next
                     // malloc, or here if the program called empty_cache with nothing to free.
                     allocator.backend_mut().finish_stream(stream);
@@ -556,7 +560,7 @@ pub fn replay_observed(
                 call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: true });
                 // The reservations a failing request makes are never mapped by it; the first
                 // one may be by a later request, which shows its address.
-                for address in oom_reservation_addresses(&allocator, trace, i) {
+                for address in oom_reservation_addresses(&allocator, trace, &reservations, i) {
                     allocator.backend_mut().plan_reservation_next(address);
                 }
                 allocator.backend_mut().set_reservations_unplanned(true);
@@ -658,12 +662,20 @@ fn synchronized_completions(trace: &[TraceEntry], at: usize) -> std::ops::Range<
 /// trace shows them. PyTorch's `find_expandable_block` reserves a new segment when no segment of
 /// the stream and pool has room, whether or not mapping it then fails, and each step of the
 /// retry chain tries again; the new reservations stay, unmapped, and the trace first shows one
-/// when a later request of that stream and pool maps a page there: such a request takes the
-/// lowest of them before any new reservation, so the first `segment_map`s of the stream, for
-/// the pool, outside every reservation live after the failure (whose retry chain may have
-/// released some, whose VA the driver may give the new ones), are theirs. Those never shown take addresses of
-/// the simulator's own.
-fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[TraceEntry], at: usize) -> Vec<u64> {
+/// when a later request of that stream and pool maps a page there. Such a request takes the
+/// lowest of the stream's unmapped reservations, so later failures of the same stream and pool
+/// (whose reservations may lie lower) interleave theirs with these: a reservation the trace
+/// starts after `at`, for the stream and pool, is one of these only if its range stayed free of
+/// every other reservation the trace shows from `at` on (one of a later failure may have taken
+/// an address that was in use at `at`), and lies outside every reservation live after the
+/// failure (an earlier failure's, still unshown). Those never shown take addresses of the
+/// simulator's own.
+fn oom_reservation_addresses(
+    allocator: &CachingAllocator<SimBackend>,
+    trace: &[TraceEntry],
+    reservations: &[TraceReservation],
+    at: usize,
+) -> Vec<u64> {
     let e = &trace[at];
     let mut probe = allocator.clone();
     probe.detach_oom_observers();
@@ -677,23 +689,36 @@ fn oom_reservation_addresses(allocator: &CachingAllocator<SimBackend>, trace: &[
     let page = if small { SMALL_BUFFER } else { allocator.config().large_segment_size() };
     let extent = (total + total / 8).div_ceil(page) * page;
     let mut shown: Vec<u64> = Vec::new();
-    for (n, m) in trace.iter().enumerate().skip(at + 1) {
+    for r in reservations.iter().filter(|r| r.from > at) {
         if shown.len() == made {
             break;
         }
-        let reveals = m.action == TraceAction::SegmentMap
-            && m.stream == e.stream
-            && !probe.backend().is_reserved(m.addr)
-            && !shown.iter().any(|&base| (base..base + extent).contains(&m.addr))
-            && trace[n + 1..]
-                .iter()
-                .find(|r| matches!(r.action, TraceAction::Alloc | TraceAction::Oom))
-                .is_some_and(|r| (r.size <= SMALL_SIZE) == small);
-        if reveals {
-            shown.push(m.addr);
+        let range = r.base..r.base.saturating_add(extent);
+        let free_since_failure = !reservations
+            .iter()
+            .any(|other| other.from < r.from && other.until > at && other.base < range.end && range.start < other.end);
+        if trace[r.from].stream == e.stream
+            && r.small == small
+            && free_since_failure
+            && !probe.backend().is_reserved(r.base)
+        {
+            shown.push(r.base);
         }
     }
     shown
+}
+
+/// Whether the deferred completion `trace[i]` follows a release of the same malloc (garbage
+/// collection, or the one oversize block the retry chain frees first): then the stream's work
+/// was still pending when the malloc searched its pool, and only the retry chain's
+/// `release_cached_blocks`, which synchronizes first, completed it. Where the program's calls
+/// are known, no `empty_cache` call explains such a release.
+fn completes_in_retry_chain(trace: &[TraceEntry], i: usize) -> bool {
+    trace[..i]
+        .iter()
+        .rev()
+        .find(|n| n.action != TraceAction::FreeCompleted)
+        .is_some_and(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
 }
 
 fn synthetic_stream(completion: usize) -> StreamId {
@@ -769,7 +794,24 @@ fn new_segment_fits(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool
     sim.device().total_memory.saturating_sub(sim.used()) >= segment
 }
 
-/// The addresses the recording's device gave new segments and new VA reservations, in order.
+/// A VA reservation as the trace shows it: from the `segment_map` that started it to the
+/// `segment_unmap` that left nothing mapped in it (when PyTorch released it).
+#[derive(Clone, Copy, Debug)]
+struct TraceReservation {
+    /// Its base address.
+    base: u64,
+    /// The end of its extent.
+    end: u64,
+    /// Whether it serves the small pool (else the large one).
+    small: bool,
+    /// Index of its first `segment_map`.
+    from: usize,
+    /// Index of the `segment_unmap` that released it; the trace's length if it outlived it.
+    until: usize,
+}
+
+/// The addresses the recording's device gave new segments, and the VA reservations it shows,
+/// in order.
 ///
 /// A `segment_map` inside a live reservation extends it; any other starts a new one. Like
 /// PyTorch's `ExpandableSegment`, each reservation spans 1 1/8 of the device in pages of its
@@ -777,51 +819,50 @@ fn new_segment_fits(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool
 /// small and a large reservation differ, and the driver may place the next reservation closer
 /// to a small one than a large one's extent: which pool a reservation serves is told by the
 /// request that mapped its first page.
-fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>, Vec<u64>) {
+fn planned_addresses(trace: &[TraceEntry], options: &ReplayOptions) -> (Vec<u64>, Vec<TraceReservation>) {
     let total = options.device_total;
     let extent = |page: u64| (total + total / 8).div_ceil(page) * page;
     let (small_extent, large_extent) = (extent(SMALL_BUFFER), extent(options.config.large_segment_size()));
     let mut segments = Vec::new();
-    let mut bases = Vec::new();
-    // Live reservations: base -> (mapped bytes, extent). A reservation whose last page is
-    // unmapped is released by PyTorch at once, so its VA may come back as a new reservation.
-    let mut reservations: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut shown: Vec<TraceReservation> = Vec::new();
+    // Live reservations: base -> (mapped bytes, index in `shown`). A reservation whose last
+    // page is unmapped is released by PyTorch at once, so its VA may come back as a new one.
+    let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::SegmentAlloc => segments.push(e.addr),
             TraceAction::SegmentMap => {
-                let owner = reservations
-                    .range(..=e.addr)
-                    .next_back()
-                    .filter(|(b, (_, extent))| e.addr < b.saturating_add(*extent))
-                    .map(|(b, _)| *b);
+                let owner =
+                    live.range(..=e.addr).next_back().filter(|(_, (_, n))| e.addr < shown[*n].end).map(|(b, _)| *b);
                 let base = owner.unwrap_or_else(|| {
-                    bases.push(e.addr);
                     let request =
                         trace[i + 1..].iter().find(|n| matches!(n.action, TraceAction::Alloc | TraceAction::Oom));
                     let small = request.is_some_and(|r| r.size <= SMALL_SIZE);
-                    reservations.insert(e.addr, (0, if small { small_extent } else { large_extent }));
+                    let end = e.addr.saturating_add(if small { small_extent } else { large_extent });
+                    shown.push(TraceReservation { base: e.addr, end, small, from: i, until: trace.len() });
+                    live.insert(e.addr, (0, shown.len() - 1));
                     e.addr
                 });
-                if let Some((mapped, _)) = reservations.get_mut(&base) {
+                if let Some((mapped, _)) = live.get_mut(&base) {
                     *mapped = mapped.saturating_add(e.size);
                 }
             }
             TraceAction::SegmentUnmap => {
-                let owner = reservations.range(..=e.addr).next_back().map(|(b, _)| *b);
+                let owner = live.range(..=e.addr).next_back().map(|(b, _)| *b);
                 if let Some(base) = owner
-                    && let Some((mapped, _)) = reservations.get_mut(&base)
+                    && let Some((mapped, n)) = live.get_mut(&base)
                 {
                     *mapped = mapped.saturating_sub(e.size);
                     if *mapped == 0 {
-                        reservations.remove(&base);
+                        shown[*n].until = i;
+                        live.remove(&base);
                     }
                 }
             }
             _ => {}
         }
     }
-    (segments, bases)
+    (segments, shown)
 }
 
 /// Finds the frees that completed later than requested, and when.
