@@ -500,7 +500,9 @@ pub fn replay_observed(
                 if let Some(&stream) = completions.get(&i) {
                     if options.calls.is_some() && completes_in_retry_chain(trace, i) {
                         i += 1;
-                        continue; // the next malloc's release synchronizes the stream itself
+                        // The next malloc's release synchronizes the stream itself (as it
+                        // does a device replay's stand-in stream: no call needed).
+                        continue;
                     }
                     // The other stream's work is done now; the free completes at the next
                     // malloc, or here if the program called empty_cache with nothing to free.
