@@ -21,6 +21,9 @@ pub enum AllocatorError {
     /// The configuration asks for something this backend cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// A private-pool call that does not fit the pools' state.
+    #[error(transparent)]
+    Pool(#[from] crate::allocator::PoolError),
 }
 
 /// A handle that cannot be freed or used.
@@ -123,15 +126,21 @@ pub(crate) struct OomText<'a> {
     pub allowed: Option<u64>,
     pub allocated: u64,
     pub reserved: u64,
+    /// Bytes of free blocks in private pools, which PyTorch counts as allocated.
+    pub in_private_pools: u64,
     pub limit: Option<&'a str>,
 }
 
 impl OomText<'_> {
     pub(crate) fn render(&self) -> String {
         let allowed = self.allowed.map(|a| format!("{} allowed; ", format_size(a))).unwrap_or_default();
+        let private = match self.in_private_pools {
+            0 => String::new(),
+            bytes => format!("with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(bytes)),
+        };
         let mut message = format!(
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. \
-             {}{}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+             {}{}Of the allocated memory {} is allocated by PyTorch, {}and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
@@ -141,8 +150,9 @@ impl OomText<'_> {
             format_size(self.device_free),
             self.process_text,
             allowed,
-            format_size(self.allocated),
-            format_size(self.reserved.saturating_sub(self.allocated)),
+            format_size(self.allocated + self.in_private_pools),
+            private,
+            format_size(self.reserved.saturating_sub(self.allocated + self.in_private_pools)),
         );
         if let Some(limit) = self.limit {
             message.push_str(&format!(" Device limit: {limit}."));
@@ -196,6 +206,7 @@ mod tests {
             allowed: None,
             allocated: 26 * MIB,
             reserved: 26 * MIB,
+            in_private_pools: 0,
             limit: None,
         };
         assert_eq!(

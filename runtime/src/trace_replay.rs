@@ -124,6 +124,7 @@ pub fn make_calls<B: Backend>(
                 allocator.free(allocation)?;
             }
             ReplayCall::EmptyCache { .. } => allocator.empty_cache()?,
+            ReplayCall::Pool { call, .. } => call.perform(allocator, &stream_of)?,
         }
     }
     Ok((ooms, limits, skipped))

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use crate::pool_calls::PoolCall;
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::backend::Backend;
 use cachalot_core::backend::StreamId;
@@ -71,6 +72,8 @@ pub enum CallKind {
     ResetPeakMemoryStats,
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     ResetAccumulatedMemoryStats,
+    /// A private-pool call (`MemPool`, `use_mem_pool`, a graph capture; [`PoolCall`]).
+    Pool(PoolCall),
 }
 
 impl CallKind {
@@ -216,6 +219,13 @@ pub enum ReplayCall {
         /// The trace entry it precedes.
         index: usize,
     },
+    /// A private-pool call, before trace entry `index` ([`PoolCall::perform`] makes it).
+    Pool {
+        /// The trace entry it precedes.
+        index: usize,
+        /// The call.
+        call: PoolCall,
+    },
 }
 
 /// What the recorded run's `expected.json` says.
@@ -318,10 +328,14 @@ impl ExpectedRun {
             let mut parsed = Vec::with_capacity(calls.len());
             for (i, c) in calls.iter().enumerate() {
                 let name = c.get("call").and_then(|v| v.as_str()).ok_or(format!("calls[{i}].call: missing"))?;
-                let call = CallKind::parse(name).ok_or(format!(
-                    "calls[{i}].call: '{name}' is not one of empty_cache, reset_peak_memory_stats, \
-                     reset_accumulated_memory_stats"
-                ))?;
+                let call = match PoolCall::parse(name, c, i)? {
+                    Some(pool_call) => CallKind::Pool(pool_call),
+                    None => CallKind::parse(name).ok_or(format!(
+                        "calls[{i}].call: '{name}' is not one of empty_cache, reset_peak_memory_stats, \
+                         reset_accumulated_memory_stats, {}",
+                        crate::pool_calls::POOL_CALL_NAMES.join(", ")
+                    ))?,
+                };
                 let at = c
                     .get("trace_len")
                     .and_then(|v| v.as_u64())
@@ -567,6 +581,9 @@ pub fn replay_observed(
                     if program_call.call == CallKind::EmptyCache {
                         call(ReplayCall::EmptyCache { index: i });
                     }
+                    if let CallKind::Pool(pool_call) = program_call.call {
+                        call(ReplayCall::Pool { index: i, call: pool_call });
+                    }
                     skip = skip.max(perform_call(&mut allocator, program_call.call, trace, i, &completions)?);
                 }
                 i += 1 + skip;
@@ -602,6 +619,15 @@ fn perform_call(
             allocator.reset_accumulated_stats();
             Ok(0)
         }
+        CallKind::Pool(pool_call) => {
+            // emptyCache(pool) of a freeable pool synchronizes and releases as empty_cache does.
+            let skip = match pool_call {
+                PoolCall::EmptyCache(_) => finish_sync_run(allocator, trace, at, completions),
+                _ => 0,
+            };
+            pool_call.perform(allocator, |s| s).map_err(ReplayError::Setup)?;
+            Ok(skip)
+        }
         CallKind::EmptyCache => {
             // empty_cache synchronizes first: every deferred free whose completion follows
             // completes now, then the cached segments are released.
@@ -620,6 +646,29 @@ fn perform_call(
             Ok(completed + released)
         }
     }
+}
+
+/// For a call after the `snapshot` entry `trace[at]` that synchronizes and releases: completes
+/// the deferred frees whose completions follow, and returns how many entries after `at` (those
+/// completions and the releases after them) are the call's doing.
+fn finish_sync_run(
+    allocator: &mut CachingAllocator<SimBackend>,
+    trace: &[TraceEntry],
+    at: usize,
+    completions: &FxHashMap<usize, StreamId>,
+) -> usize {
+    let after = &trace[at + 1..];
+    let completed = after.iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
+    for j in at + 1..at + 1 + completed {
+        if let Some(&stream) = completions.get(&j) {
+            allocator.backend_mut().finish_stream(stream);
+        }
+    }
+    let released = after[completed..]
+        .iter()
+        .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
+        .count();
+    completed + released
 }
 
 /// The addresses of the VA reservations that the failing request `trace[at]` makes, where the
@@ -920,6 +969,13 @@ fn verify_final_segments(
                 o.pool.name(),
                 o.stream,
                 if o.is_expandable { " expandable" } else { "" },
+            ));
+        }
+        let pool_id = (o.pool_id.0 as i64, o.pool_id.1 as i64);
+        if pool_id != t.segment_pool_id {
+            return Err(format!(
+                "final segment at {at:#x}: PyTorch's is in pool {:?}, the replay's in pool {}",
+                t.segment_pool_id, o.pool_id
             ));
         }
         if o.blocks.len() != t.blocks.len() {
