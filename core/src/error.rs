@@ -24,6 +24,14 @@ pub enum AllocatorError {
     /// A private-pool call that does not fit the pools' state.
     #[error(transparent)]
     Pool(#[from] crate::allocator::PoolError),
+    /// A device index beyond the devices there are.
+    #[error("no device {device}: there are {available} devices (0 to {})", .available.saturating_sub(1))]
+    NoDevice {
+        /// The index asked for.
+        device: usize,
+        /// How many devices there are.
+        available: usize,
+    },
 }
 
 /// A handle that cannot be freed or used.

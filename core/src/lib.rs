@@ -42,8 +42,8 @@ pub mod trace;
 mod tree;
 
 pub use allocator::{
-    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, OomEvent, OomObserver, PoolError, PoolFilter,
-    PoolId, SegmentSnapshot,
+    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, OomEvent, OomObserver,
+    PoolError, PoolFilter, PoolId, SegmentSnapshot,
 };
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};

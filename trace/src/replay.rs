@@ -600,6 +600,27 @@ pub fn replay_observed(
     Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device, calls })
 }
 
+/// Replays every device trace of `snapshot` at once, each on an allocator of its own (PyTorch
+/// keeps one per device, sharing nothing but the configuration), on a thread per device; the
+/// outcomes are by device index, ready for a [`cachalot_core::DeviceAllocators`]. `options`
+/// applies to every device except for what a run's `expected.json` knows, which is device 0's
+/// (its `calls` are made on device 0 only).
+pub fn replay_devices(snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Vec<ReplayOutcome>, ReplayError> {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..snapshot.device_traces.len())
+            .map(|device| {
+                let mut options = options.clone();
+                options.device = device;
+                if device != 0 {
+                    options.calls = None;
+                }
+                scope.spawn(move || replay(snapshot, &options, |_, _| {}))
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
+}
+
 /// Performs the program's `call`, recorded after the `snapshot` entry `trace[at]`; returns how
 /// many entries after it are the call's own doing (an `empty_cache`'s completions of deferred
 /// frees and its releases), which the replay then skips.

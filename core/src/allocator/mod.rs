@@ -2,14 +2,16 @@
 //!
 //! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
 //! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
-//! release, garbage collection), `expandable` (VA reservations and page mapping) and `inspect`
-//! (snapshots and the consistency check); `private` (MemPool and CUDA-graph pools); `compact` is cachalot's own opt-in policy
-//! (`policy:cachalot`), which changes request sizes, splitting and what a miss gives back
-//! first, and nothing else; `object` is the [`Allocator`] trait that code not
-//! generic over the backend holds as `&dyn Allocator`. Every state change goes through these
-//! paths, which update the stats and record the trace entry PyTorch would record.
+//! release, garbage collection), `expandable` (VA reservations and page mapping), `private`
+//! (`MemPool` and CUDA-graph pools) and `inspect` (snapshots and the consistency check);
+//! `compact` is cachalot's own opt-in policy (`policy:cachalot`), which changes request sizes,
+//! splitting and what a miss gives back first, and nothing else; `object` is the [`Allocator`]
+//! trait that code not generic over the backend holds as `&dyn Allocator`; `devices` keeps one
+//! allocator per device. Every state change goes through these paths, which update the stats
+//! and record the trace entry PyTorch would record.
 
 mod compact;
+mod devices;
 mod expandable;
 mod free;
 mod inspect;
@@ -32,6 +34,7 @@ use crate::stats::MemoryStats;
 use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
 use crate::tree::{BlockTree, FreeIndex};
 
+pub use devices::DeviceAllocators;
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;
 use observer::OomObservers;
