@@ -255,15 +255,15 @@ def graph_capture(torch, empty, Pool, empty_cache, record, mark):
     torch._C._host_emptyCache()
     with torch.cuda.stream(s):
         g.capture_begin()
-        at = mark()  # a snapshot during the capture: host-side only
-        pool = tuple(g.pool())
-        record(at, "begin_allocate_to_pool", pool, stream=s.cuda_stream)
+        begun = mark()  # a snapshot during the capture: host-side only
         h = x * 3
         y = (h + 1).relu()
         big = torch.empty(6 << 20, dtype=torch.uint8, device="cuda")
         big.fill_(1)
         del h
         g.capture_end()
+    pool = tuple(g.pool())  # known once the capture ended
+    record(begun, "begin_allocate_to_pool", pool, stream=s.cuda_stream)
     at = mark()
     record(at, "end_allocate_to_pool", pool)
     g.replay()

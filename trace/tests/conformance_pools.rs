@@ -26,7 +26,7 @@ fn traces() -> Vec<PathBuf> {
 #[test]
 fn every_pool_trace_matches_pytorch() {
     let traces = traces();
-    assert!(traces.len() >= 5, "testdata/conformance/pools holds the captured pool traces");
+    assert_eq!(traces.len(), 8, "testdata/conformance/pools holds the eight captured pool traces");
     for path in traces {
         let (snapshot, expected) = common::load(&path);
         let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
