@@ -2,6 +2,7 @@
 
 use crate::backend::BackendError;
 use crate::config::ConfigError;
+use crate::pool::PoolId;
 
 /// Why an allocator call failed. After any error the allocator is consistent and usable.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -23,7 +24,7 @@ pub enum AllocatorError {
     Unsupported(String),
     /// A private-pool call that does not fit the pools' state.
     #[error(transparent)]
-    Pool(#[from] crate::allocator::PoolError),
+    Pool(#[from] PoolError),
     /// A device index beyond the devices there are.
     #[error("no device {device}: there are {available} devices (0 to {})", .available.saturating_sub(1))]
     NoDevice {
@@ -167,6 +168,26 @@ impl OomText<'_> {
         }
         message
     }
+}
+
+/// A misuse of the private-pool calls; the allocator is unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// `(0, 0)` names the default pools, which cannot be created, routed to or released.
+    #[error("pool (0, 0) is the default pools, not a private pool")]
+    Default,
+    /// No private pool of that id exists (never created, or released and dropped).
+    #[error("no private pool {0} exists")]
+    Unknown(PoolId),
+    /// Allocations are already routed to the pool.
+    #[error("allocations are already routed to pool {0} (beginAllocateToPool: already recording to mempool_id)")]
+    AlreadyRouting(PoolId),
+    /// Allocations are not routed to the pool.
+    #[error("allocations are not routed to pool {0} (endAllocateToPool: not currently recording to mempool_id)")]
+    NotRouting(PoolId),
+    /// Every user of the pool already released it.
+    #[error("pool {0} was already released by every user")]
+    AlreadyReleased(PoolId),
 }
 
 #[cfg(test)]

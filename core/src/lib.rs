@@ -33,6 +33,7 @@ pub mod backend;
 mod block;
 pub mod config;
 pub mod error;
+pub mod pool;
 mod shared;
 pub mod sim;
 pub mod size;
@@ -43,11 +44,12 @@ mod tree;
 
 pub use allocator::{
     Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, OomEvent, OomObserver,
-    PoolError, PoolFilter, PoolId, SegmentSnapshot,
+    SegmentSnapshot,
 };
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};
-pub use error::{AllocatorError, HandleError, OutOfMemoryError};
+pub use error::{AllocatorError, HandleError, OutOfMemoryError, PoolError};
+pub use pool::{PoolFilter, PoolId};
 pub use shared::SharedAllocator;
 pub use sim::SimBackend;
 pub use stats::MemoryStats;

@@ -2,9 +2,9 @@
 //! consistency check used by the tests after every operation.
 
 use super::CachingAllocator;
-use super::private::PoolId;
 use crate::backend::{Backend, StreamId};
 use crate::block::{Location, NIL};
+use crate::pool::PoolId;
 use crate::size::PoolKind;
 use crate::stats::MemoryStats;
 use crate::trace::ContextId;

@@ -34,12 +34,12 @@ use crate::stats::MemoryStats;
 use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
 use crate::tree::{BlockTree, FreeIndex};
 
+use crate::pool::{PoolFilter, PoolId};
 pub use devices::DeviceAllocators;
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;
 use observer::OomObservers;
 pub use observer::{OomEvent, OomObserver};
-pub use private::{PoolError, PoolFilter, PoolId};
 use private::{PoolSlot, PrivatePool};
 
 /// Gives every allocator an id, so a handle from another allocator is recognised.

@@ -16,74 +16,9 @@
 use super::{BlockPool, CachingAllocator};
 use crate::backend::{Backend, StreamId};
 use crate::block::NIL;
-use crate::error::AllocatorError;
+use crate::error::{AllocatorError, PoolError};
+use crate::pool::{PoolFilter, PoolId};
 use crate::size::PoolKind;
-
-/// The id of a private pool, PyTorch's `MempoolId_t`: `(0, n)` for the n-th `MemPool`, `(n, 0)`
-/// for a graph's pool (`graph_pool_handle()`); `(0, 0)` names the default pools.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct PoolId(pub u64, pub u64);
-
-impl PoolId {
-    /// `(0, 0)`: the default small and large pools.
-    pub const DEFAULT: PoolId = PoolId(0, 0);
-
-    /// Whether this names the default pools.
-    pub fn is_default(self) -> bool {
-        self == PoolId::DEFAULT
-    }
-
-    /// [`PoolId::is_default`] by reference (for serde's `skip_serializing_if`).
-    pub fn is_default_ref(&self) -> bool {
-        self.is_default()
-    }
-}
-
-impl std::fmt::Display for PoolId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "({}, {})", self.0, self.1)
-    }
-}
-
-/// Which requests a pool serves while allocations are routed to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PoolFilter {
-    /// Every request (`use_mem_pool`, whose filter is the calling thread: one allocator is
-    /// driven by one thread at a time).
-    AllStreams,
-    /// Requests on one stream (a CUDA graph capture on that stream).
-    Stream(StreamId),
-}
-
-impl PoolFilter {
-    fn accepts(self, stream: StreamId) -> bool {
-        match self {
-            PoolFilter::AllStreams => true,
-            PoolFilter::Stream(s) => s == stream,
-        }
-    }
-}
-
-/// A misuse of the private-pool calls; the allocator is unchanged.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PoolError {
-    /// `(0, 0)` names the default pools, which cannot be created, routed to or released.
-    #[error("pool (0, 0) is the default pools, not a private pool")]
-    Default,
-    /// No private pool of that id exists (never created, or released and dropped).
-    #[error("no private pool {0} exists")]
-    Unknown(PoolId),
-    /// Allocations are already routed to the pool.
-    #[error("allocations are already routed to pool {0} (beginAllocateToPool: already recording to mempool_id)")]
-    AlreadyRouting(PoolId),
-    /// Allocations are not routed to the pool.
-    #[error("allocations are not routed to pool {0} (endAllocateToPool: not currently recording to mempool_id)")]
-    NotRouting(PoolId),
-    /// Every user of the pool already released it.
-    #[error("pool {0} was already released by every user")]
-    AlreadyReleased(PoolId),
-}
 
 /// One private pool (PyTorch's `PrivatePool`).
 #[derive(Clone, Debug)]
