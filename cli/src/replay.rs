@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cachalot_core::{AllocatorConfig, OomObserver, SimBackend};
+use cachalot_core::{AllocatorConfig, DeviceAllocators, OomObserver, SimBackend};
 use cachalot_trace::Snapshot;
-use cachalot_trace::replay::{ReplayOptions, replay_observed, verify_against_recording};
+use cachalot_trace::replay::{ReplayOptions, replay_devices, replay_observed, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::snapshot::{FileFormat, pickle};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -40,9 +40,13 @@ pub struct ReplayArgs {
     /// Total device memory in bytes (default: from NAME.expected.json, else an H200's).
     #[arg(long)]
     pub device_total: Option<u64>,
-    /// Which device trace to replay.
+    /// Which device trace to replay (NAME.expected.json describes device 0 only).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Replay every device trace of the snapshot at once, each on an allocator of its own, and
+    /// report (or --check) each device.
+    #[arg(long, conflicts_with = "device")]
+    pub all_devices: bool,
     /// At every out-of-memory error of the replay, write the allocator's snapshot as that error
     /// left it to this directory (NAME.oom-N.json), through an OOM observer.
     #[arg(long)]
@@ -78,6 +82,11 @@ pub fn run(args: &ReplayArgs) -> Outcome {
     }
     if args.adapter.is_some() && args.backend == "sim" {
         return Err(Failure::input(anyhow!("--adapter applies to --backend cuda or wgpu only")));
+    }
+    if args.all_devices && (args.backend != "sim" || args.out.is_some() || args.oom_snapshot.is_some()) {
+        return Err(Failure::input(anyhow!(
+            "--all-devices replays on the simulator and writes nothing: no --backend, --out or --oom-snapshot"
+        )));
     }
     if args.out.as_ref().is_some_and(|o| args.traces.len() > 1 && !o.is_dir()) {
         return Err(Failure::input(anyhow!("--out must be an existing directory when replaying several traces")));
@@ -118,8 +127,12 @@ fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
 /// Replays `snapshot`, read from `path`, and prints its line.
 fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> Result<bool, Failure> {
     let name = trace_name(path);
-    let expected = expected_beside(path)?;
+    // The run's expected.json (its stats, its calls) is device 0's.
+    let expected = expected_beside(path)?.filter(|_| args.device == 0);
     let options = options(args, path, snapshot, expected.as_ref())?;
+    if args.all_devices {
+        return replay_every_device(args, &name, snapshot, &options, expected.as_ref());
+    }
     if args.backend != "sim" {
         return Ok(replay_on_device(args, &name, snapshot, &options)?);
     }
@@ -165,6 +178,51 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
             Ok(false)
         }
     }
+}
+
+/// `--all-devices`: replays every device trace at once and prints a line per device (with
+/// `--check`, MATCH or MISMATCH against what PyTorch recorded for that device; the run's
+/// expected.json checks device 0). `Ok(false)` when a device mismatched.
+fn replay_every_device(
+    args: &ReplayArgs,
+    name: &str,
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    expected: Option<&cachalot_trace::replay::ExpectedRun>,
+) -> Result<bool, Failure> {
+    let started = Instant::now();
+    let outcomes = replay_devices(snapshot, options).map_err(|e| Failure::input(anyhow!("{name}: {e}")))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut all_match = true;
+    for outcome in &outcomes {
+        let device = outcome.device;
+        if args.check {
+            let expected = expected.filter(|_| device == 0);
+            match verify_against_recording(snapshot, outcome, expected) {
+                Ok(()) => println!("MATCH {name} device {device}"),
+                Err(difference) => {
+                    all_match = false;
+                    println!("MISMATCH {name} device {device}: {difference}");
+                }
+            }
+        }
+    }
+    if !args.check {
+        let entries: usize = outcomes.iter().map(|o| o.entries).sum();
+        println!("{name}: {} devices, {entries} entries in {seconds:.2} s", outcomes.len());
+        let devices = DeviceAllocators::from_allocators(outcomes.into_iter().map(|o| o.allocator).collect());
+        for (device, a) in devices.iter().enumerate() {
+            println!(
+                "{name} device {device}: {} segments, allocated {} B, reserved {} B, peak reserved {} B, {} OOMs",
+                a.snapshot().len(),
+                a.memory_allocated(),
+                a.memory_reserved(),
+                a.stats().max_memory_reserved(),
+                a.stats().num_ooms
+            );
+        }
+    }
+    Ok(all_match)
 }
 
 /// The snapshots `--oom-snapshot` writes: how many so far, and the first write that failed (an

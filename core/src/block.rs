@@ -358,4 +358,6 @@ pub(crate) struct Segment {
     pub page_size: Option<u64>,
     /// Stack of the allocation that created (or first mapped) the segment.
     pub context: Option<ContextId>,
+    /// The slot of the private pool the segment belongs to, [`NIL`] for the default pools.
+    pub private: u32,
 }

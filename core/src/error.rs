@@ -2,6 +2,7 @@
 
 use crate::backend::BackendError;
 use crate::config::ConfigError;
+use crate::pool::PoolId;
 
 /// Why an allocator call failed. After any error the allocator is consistent and usable.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -21,6 +22,17 @@ pub enum AllocatorError {
     /// The configuration asks for something this backend cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// A private-pool call that does not fit the pools' state.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A device index beyond the devices there are.
+    #[error("no device {device}: there are {available} devices (0 to {})", .available.saturating_sub(1))]
+    NoDevice {
+        /// The index asked for.
+        device: usize,
+        /// How many devices there are.
+        available: usize,
+    },
 }
 
 /// A handle that cannot be freed or used.
@@ -123,15 +135,21 @@ pub(crate) struct OomText<'a> {
     pub allowed: Option<u64>,
     pub allocated: u64,
     pub reserved: u64,
+    /// Bytes of free blocks in private pools, which PyTorch counts as allocated.
+    pub in_private_pools: u64,
     pub limit: Option<&'a str>,
 }
 
 impl OomText<'_> {
     pub(crate) fn render(&self) -> String {
         let allowed = self.allowed.map(|a| format!("{} allowed; ", format_size(a))).unwrap_or_default();
+        let private = match self.in_private_pools {
+            0 => String::new(),
+            bytes => format!("with {} allocated in private pools (e.g., CUDA Graphs), ", format_size(bytes)),
+        };
         let mut message = format!(
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. \
-             {}{}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+             {}{}Of the allocated memory {} is allocated by PyTorch, {}and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
@@ -141,14 +159,35 @@ impl OomText<'_> {
             format_size(self.device_free),
             self.process_text,
             allowed,
-            format_size(self.allocated),
-            format_size(self.reserved.saturating_sub(self.allocated)),
+            format_size(self.allocated + self.in_private_pools),
+            private,
+            format_size(self.reserved.saturating_sub(self.allocated + self.in_private_pools)),
         );
         if let Some(limit) = self.limit {
             message.push_str(&format!(" Device limit: {limit}."));
         }
         message
     }
+}
+
+/// A misuse of the private-pool calls; the allocator is unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// `(0, 0)` names the default pools, which cannot be created, routed to or released.
+    #[error("pool (0, 0) is the default pools, not a private pool")]
+    Default,
+    /// No private pool of that id exists (never created, or released and dropped).
+    #[error("no private pool {0} exists")]
+    Unknown(PoolId),
+    /// Allocations are already routed to the pool.
+    #[error("allocations are already routed to pool {0} (beginAllocateToPool: already recording to mempool_id)")]
+    AlreadyRouting(PoolId),
+    /// Allocations are not routed to the pool.
+    #[error("allocations are not routed to pool {0} (endAllocateToPool: not currently recording to mempool_id)")]
+    NotRouting(PoolId),
+    /// Every user of the pool already released it.
+    #[error("pool {0} was already released by every user")]
+    AlreadyReleased(PoolId),
 }
 
 #[cfg(test)]
@@ -196,6 +235,7 @@ mod tests {
             allowed: None,
             allocated: 26 * MIB,
             reserved: 26 * MIB,
+            in_private_pools: 0,
             limit: None,
         };
         assert_eq!(

@@ -33,6 +33,7 @@ pub mod backend;
 mod block;
 pub mod config;
 pub mod error;
+pub mod pool;
 mod shared;
 pub mod sim;
 pub mod size;
@@ -42,11 +43,13 @@ pub mod trace;
 mod tree;
 
 pub use allocator::{
-    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, OomEvent, OomObserver, SegmentSnapshot,
+    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, OomEvent, OomObserver,
+    SegmentSnapshot,
 };
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};
-pub use error::{AllocatorError, HandleError, OutOfMemoryError};
+pub use error::{AllocatorError, HandleError, OutOfMemoryError, PoolError};
+pub use pool::{PoolFilter, PoolId};
 pub use shared::SharedAllocator;
 pub use sim::SimBackend;
 pub use stats::MemoryStats;

@@ -36,6 +36,7 @@
 
 pub mod normalized;
 pub mod ops;
+pub mod pool_calls;
 pub mod rebuild;
 pub mod replay;
 pub mod snapshot;

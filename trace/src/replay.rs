@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use crate::pool_calls::PoolCall;
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::backend::Backend;
 use cachalot_core::backend::StreamId;
@@ -71,6 +72,8 @@ pub enum CallKind {
     ResetPeakMemoryStats,
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     ResetAccumulatedMemoryStats,
+    /// A private-pool call (`MemPool`, `use_mem_pool`, a graph capture; [`PoolCall`]).
+    Pool(PoolCall),
 }
 
 impl CallKind {
@@ -226,6 +229,13 @@ pub enum ReplayCall {
         /// The trace entry it precedes.
         index: usize,
     },
+    /// A private-pool call, before trace entry `index` ([`PoolCall::perform`] makes it).
+    Pool {
+        /// The trace entry it precedes.
+        index: usize,
+        /// The call.
+        call: PoolCall,
+    },
 }
 
 /// What the recorded run's `expected.json` says.
@@ -328,10 +338,14 @@ impl ExpectedRun {
             let mut parsed = Vec::with_capacity(calls.len());
             for (i, c) in calls.iter().enumerate() {
                 let name = c.get("call").and_then(|v| v.as_str()).ok_or(format!("calls[{i}].call: missing"))?;
-                let call = CallKind::parse(name).ok_or(format!(
-                    "calls[{i}].call: '{name}' is not one of empty_cache, reset_peak_memory_stats, \
-                     reset_accumulated_memory_stats"
-                ))?;
+                let call = match PoolCall::parse(name, c, i)? {
+                    Some(pool_call) => CallKind::Pool(pool_call),
+                    None => CallKind::parse(name).ok_or(format!(
+                        "calls[{i}].call: '{name}' is not one of empty_cache, reset_peak_memory_stats, \
+                         reset_accumulated_memory_stats, {}",
+                        crate::pool_calls::POOL_CALL_NAMES.join(", ")
+                    ))?,
+                };
                 let at = c
                     .get("trace_len")
                     .and_then(|v| v.as_u64())
@@ -589,14 +603,19 @@ pub fn replay_observed(
                 let calls = options.calls.as_deref().unwrap_or_default();
                 let mut skip = 0;
                 for program_call in calls.iter().filter(|c| c.at == i) {
-                    if program_call.call == CallKind::EmptyCache {
+                    if matches!(program_call.call, CallKind::EmptyCache | CallKind::Pool(PoolCall::EmptyCache(_))) {
                         // Its synchronization completes the deferred frees that follow it.
                         for j in synchronized_completions(trace, i) {
                             if let Some(&free) = freed_by.get(&j) {
                                 call(ReplayCall::FreeCompleted { index: j, free });
                             }
                         }
+                    }
+                    if program_call.call == CallKind::EmptyCache {
                         call(ReplayCall::EmptyCache { index: i });
+                    }
+                    if let CallKind::Pool(pool_call) = program_call.call {
+                        call(ReplayCall::Pool { index: i, call: pool_call });
                     }
                     skip = skip.max(perform_call(&mut allocator, program_call.call, trace, i, &completions)?);
                 }
@@ -612,6 +631,27 @@ pub fn replay_observed(
     allocator.set_context(None);
     allocator.set_annotation_id(None);
     Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device, calls })
+}
+
+/// Replays every device trace of `snapshot` at once, each on an allocator of its own (PyTorch
+/// keeps one per device, sharing nothing but the configuration), on a thread per device; the
+/// outcomes are by device index, ready for a [`cachalot_core::DeviceAllocators`]. `options`
+/// applies to every device except for what a run's `expected.json` knows, which is device 0's
+/// (its `calls` are made on device 0 only).
+pub fn replay_devices(snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Vec<ReplayOutcome>, ReplayError> {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..snapshot.device_traces.len())
+            .map(|device| {
+                let mut options = options.clone();
+                options.device = device;
+                if device != 0 {
+                    options.calls = None;
+                }
+                scope.spawn(move || replay(snapshot, &options, |_, _| {}))
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// Performs the program's `call`, recorded after the `snapshot` entry `trace[at]`; returns how
@@ -633,31 +673,52 @@ fn perform_call(
             allocator.reset_accumulated_stats();
             Ok(0)
         }
+        CallKind::Pool(pool_call) => {
+            // emptyCache(pool) of a freeable pool synchronizes and releases as empty_cache does.
+            let skip = match pool_call {
+                PoolCall::EmptyCache(_) => finish_sync_run(allocator, trace, at, completions),
+                _ => 0,
+            };
+            pool_call.perform(allocator, |s| s).map_err(ReplayError::Setup)?;
+            Ok(skip)
+        }
         CallKind::EmptyCache => {
             // empty_cache synchronizes first: every deferred free whose completion follows
             // completes now, then the cached segments are released.
-            let completed = synchronized_completions(trace, at);
-            for j in completed.clone() {
-                if let Some(&stream) = completions.get(&j) {
-                    allocator.backend_mut().finish_stream(stream);
-                }
-            }
-            let completed = completed.len();
-            let released = trace[at + 1 + completed..]
-                .iter()
-                .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
-                .count();
+            let skip = finish_sync_run(allocator, trace, at, completions);
             allocator.empty_cache().map_err(ReplayError::Setup)?;
-            Ok(completed + released)
+            Ok(skip)
         }
     }
 }
 
-/// The `free_completed` entries right after the `snapshot` entry `trace[at]` of an
-/// `empty_cache` call: the deferred frees its synchronization completed.
+/// The `free_completed` entries right after the `snapshot` entry `trace[at]` of a call that
+/// synchronizes (`empty_cache`): the deferred frees its synchronization completed.
 fn synchronized_completions(trace: &[TraceEntry], at: usize) -> std::ops::Range<usize> {
     let completed = trace[at + 1..].iter().take_while(|n| n.action == TraceAction::FreeCompleted).count();
     at + 1..at + 1 + completed
+}
+
+/// For a call after the `snapshot` entry `trace[at]` that synchronizes and releases: completes
+/// the deferred frees whose completions follow, and returns how many entries after `at` (those
+/// completions and the releases after them) are the call's doing.
+fn finish_sync_run(
+    allocator: &mut CachingAllocator<SimBackend>,
+    trace: &[TraceEntry],
+    at: usize,
+    completions: &FxHashMap<usize, StreamId>,
+) -> usize {
+    let completed = synchronized_completions(trace, at);
+    for j in completed.clone() {
+        if let Some(&stream) = completions.get(&j) {
+            allocator.backend_mut().finish_stream(stream);
+        }
+    }
+    let released = trace[completed.end..]
+        .iter()
+        .take_while(|n| matches!(n.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap))
+        .count();
+    completed.len() + released
 }
 
 /// The addresses of the VA reservations that the failing request `trace[at]` makes, where the
@@ -995,6 +1056,13 @@ fn verify_final_segments(
                 o.pool.name(),
                 o.stream,
                 if o.is_expandable { " expandable" } else { "" },
+            ));
+        }
+        let pool_id = (o.pool_id.0 as i64, o.pool_id.1 as i64);
+        if pool_id != t.segment_pool_id {
+            return Err(format!(
+                "final segment at {at:#x}: PyTorch's is in pool {:?}, the replay's in pool {}",
+                t.segment_pool_id, o.pool_id
             ));
         }
         if o.blocks.len() != t.blocks.len() {

@@ -407,7 +407,7 @@ impl ViewerApp {
                     ui.separator();
                     go = peak_analysis::ui(ui, run, state, *cursor, peak);
                 }
-                View::Pools => pools::ui(ui, state, pools_state),
+                View::Pools => pools::ui(ui, state, run.recorded_end.as_deref(), pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
                 View::SideBySide => {}

@@ -120,6 +120,7 @@ fn torch_segment(s: &TorchSegment) -> SegmentSnapshot {
         stream: StreamId(s.stream),
         pool: s.segment_type,
         is_expandable: s.is_expandable,
+        pool_id: cachalot_core::PoolId(s.segment_pool_id.0.max(0) as u64, s.segment_pool_id.1.max(0) as u64),
         context: s.frames,
         blocks: s
             .blocks

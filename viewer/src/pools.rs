@@ -1,10 +1,13 @@
 //! The pools at the cursor: small and large pool per stream, with what is cached in each, its
-//! largest free block and a histogram of free-block sizes — the fragmentation picture.
+//! largest free block and a histogram of free-block sizes — the fragmentation picture. Segments
+//! of private pools (`torch.cuda.MemPool`, CUDA graphs) are rows of their own, labelled with the
+//! pool's id where the recording's snapshot names it (`segment_pool_id`: PyTorch records it for
+//! the segments alive at the end, its trace entries name no pool).
 
 use std::collections::BTreeMap;
 
 use cachalot_core::size::PoolKind;
-use cachalot_core::{BlockState, StreamId};
+use cachalot_core::{BlockState, PoolId, SegmentSnapshot, StreamId};
 use egui_plot::{Bar, BarChart, Plot};
 
 use crate::format;
@@ -52,12 +55,31 @@ impl PoolSummary {
     }
 }
 
-/// Summaries per (stream, pool), plus the total under `None`.
-pub fn summarize(state: &PoolState) -> BTreeMap<Option<(StreamId, PoolKind)>, PoolSummary> {
-    let mut out: BTreeMap<Option<(StreamId, PoolKind)>, PoolSummary> = BTreeMap::new();
+/// One row of the table: a private pool's id ([`PoolId::DEFAULT`] for the default pools), a
+/// stream and a pool kind.
+pub type PoolKey = (PoolId, StreamId, PoolKind);
+
+/// The private pools of the segments a recording ended with, by (address, stream).
+pub fn private_segments(recorded_end: Option<&[SegmentSnapshot]>) -> BTreeMap<(u64, StreamId), PoolId> {
+    recorded_end
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| !s.pool_id.is_default())
+        .map(|s| ((s.address, s.stream), s.pool_id))
+        .collect()
+}
+
+/// Summaries per (private pool, stream, pool), plus the total under `None`; `private` names
+/// the pool of segments by (address, stream) (see [`private_segments`]).
+pub fn summarize(
+    state: &PoolState,
+    private: &BTreeMap<(u64, StreamId), PoolId>,
+) -> BTreeMap<Option<PoolKey>, PoolSummary> {
+    let mut out: BTreeMap<Option<PoolKey>, PoolSummary> = BTreeMap::new();
     for segment in state.segments.values() {
         let split = segment.is_split() && !segment.expandable;
-        for key in [Some((segment.stream, segment.pool)), None] {
+        let pool_id = private.get(&(segment.address, segment.stream)).copied().unwrap_or_default();
+        for key in [Some((pool_id, segment.stream, segment.pool)), None] {
             let s = out.entry(key).or_insert_with(|| PoolSummary { histogram: vec![0; BUCKETS], ..Default::default() });
             s.segments += 1;
             s.reserved += segment.size;
@@ -83,18 +105,24 @@ pub fn summarize(state: &PoolState) -> BTreeMap<Option<(StreamId, PoolKind)>, Po
 #[derive(Clone, Debug, Default)]
 pub struct PoolsState {
     /// The pool whose histogram is shown (`None`: all).
-    pub selected: Option<(StreamId, PoolKind)>,
+    pub selected: Option<PoolKey>,
     /// Histogram of bytes instead of block counts.
     pub by_bytes: bool,
+}
+
+/// "large", or "large · private (0, 1)" for a private pool's.
+fn pool_label(id: PoolId, pool: PoolKind) -> String {
+    if id.is_default() { pool.name().to_owned() } else { format!("{} · private {id}", pool.name()) }
 }
 
 fn bucket_label(i: usize) -> String {
     format::bytes_axis(1u64 << (FIRST_BUCKET as usize + i))
 }
 
-/// Shows the pools of `state`.
-pub fn ui(ui: &mut egui::Ui, state: &PoolState, pools: &mut PoolsState) {
-    let summaries = summarize(state);
+/// Shows the pools of `state`; `recorded_end` (the recording's final segments) names private
+/// pools.
+pub fn ui(ui: &mut egui::Ui, state: &PoolState, recorded_end: Option<&[SegmentSnapshot]>, pools: &mut PoolsState) {
+    let summaries = summarize(state, &private_segments(recorded_end));
     if summaries.is_empty() {
         ui.weak("No segments at this point of the run.");
         return;
@@ -132,7 +160,7 @@ pub fn ui(ui: &mut egui::Ui, state: &PoolState, pools: &mut PoolsState) {
         ui.end_row();
         for (key, s) in &summaries {
             let (stream, pool) = match key {
-                Some((stream, pool)) => (format::stream(*stream), pool.name().to_owned()),
+                Some((id, stream, pool)) => (format::stream(*stream), pool_label(*id, *pool)),
                 None => ("all".to_owned(), "both".to_owned()),
             };
             let selected = pools.selected == *key;
@@ -157,7 +185,7 @@ pub fn ui(ui: &mut egui::Ui, state: &PoolState, pools: &mut PoolsState) {
     let Some(shown) = shown else { return };
     ui.horizontal(|ui| {
         let which = match pools.selected {
-            Some((stream, pool)) => format!("{} pool of stream {}", pool.name(), format::stream(stream)),
+            Some((id, stream, pool)) => format!("{} of stream {}", pool_label(id, pool), format::stream(stream)),
             None => "all pools".to_owned(),
         };
         ui.strong(format!("Free-block sizes, {which}"));
@@ -224,12 +252,56 @@ mod tests {
                 ],
             },
         );
-        let s = summarize(&state);
-        let large = &s[&Some((StreamId::DEFAULT, PoolKind::Large))];
+        let s = summarize(&state, &BTreeMap::new());
+        let large = &s[&Some((PoolId::DEFAULT, StreamId::DEFAULT, PoolKind::Large))];
         assert_eq!((large.free, large.free_blocks, large.largest_free), (2 << 20, 2, 1 << 20));
         assert_eq!(large.inactive_split, 2 << 20);
         assert_eq!(large.histogram[(20 - FIRST_BUCKET) as usize], 2);
         assert!((large.fragmentation() - 0.5).abs() < 1e-9);
         assert_eq!(s[&None].allocated, 1 << 20);
+    }
+
+    /// A segment the recording's snapshot puts in a private pool is a row of that pool's, apart
+    /// from the default pool's row of the same stream and kind.
+    #[test]
+    fn segments_of_private_pools_are_rows_of_their_own() {
+        let mut state = PoolState::default();
+        let segment = |address| Segment {
+            address,
+            size: 2 << 20,
+            stream: StreamId::DEFAULT,
+            pool: PoolKind::Small,
+            expandable: false,
+            event: NO_EVENT,
+            context: None,
+            blocks: vec![Block {
+                address,
+                size: 2 << 20,
+                requested: 0,
+                state: BlockState::Inactive,
+                event: NO_EVENT,
+                context: None,
+            }],
+        };
+        state.segments.insert(0, segment(0));
+        state.segments.insert(4 << 20, segment(4 << 20));
+        let end = [SegmentSnapshot {
+            address: 4 << 20,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: StreamId::DEFAULT,
+            pool: PoolKind::Small,
+            is_expandable: false,
+            pool_id: PoolId(0, 1),
+            context: None,
+            blocks: Vec::new(),
+        }];
+        let s = summarize(&state, &private_segments(Some(&end)));
+        let private = &s[&Some((PoolId(0, 1), StreamId::DEFAULT, PoolKind::Small))];
+        let default = &s[&Some((PoolId::DEFAULT, StreamId::DEFAULT, PoolKind::Small))];
+        assert_eq!((private.segments, default.segments, s[&None].segments), (1, 1, 2));
+        assert_eq!(pool_label(PoolId(0, 1), PoolKind::Small), "small · private (0, 1)");
     }
 }

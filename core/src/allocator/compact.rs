@@ -57,7 +57,7 @@ impl<B: Backend> CachingAllocator<B> {
         // Pages, where the device can map them: a hole then costs at most the pages it does not
         // fill, and fully free pages go back on a miss even inside a segment still in use.
         let expandable = self.backend.device().supports_expandable_segments;
-        Request { stream, pool, size: rounded, alloc_size, expandable }
+        Request { stream, pool, size: rounded, alloc_size, expandable, slot: self.routed_slot(stream) }
     }
 
     /// Whether a free block of `block_size` bytes serving `request` is split: whenever the
@@ -91,8 +91,8 @@ impl<B: Backend> CachingAllocator<B> {
         if self.memory_reserved().saturating_add(request.alloc_size) <= self.stats.max_memory_reserved() {
             return Ok(());
         }
-        self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)
+        self.release_blocks(request.slot, PoolKind::Large)?;
+        self.release_blocks(request.slot, PoolKind::Small)
     }
 }
 

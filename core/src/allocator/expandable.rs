@@ -3,7 +3,7 @@
 
 use super::CachingAllocator;
 use super::malloc::Request;
-use crate::backend::{Backend, BackendError, StreamId};
+use crate::backend::{Backend, BackendError};
 use crate::block::{Block, NIL, Segment};
 use crate::config::Policy;
 use crate::error::AllocatorError;
@@ -16,7 +16,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// size. `Ok(None)` when pages could not be mapped.
     pub(super) fn try_allocate_expandable_block(&mut self, request: &Request) -> Result<Option<u32>, AllocatorError> {
         let size = request.size;
-        let mut candidate = self.find_expandable_block(request.stream, request.pool, size)?;
+        let mut candidate = self.find_expandable_block(request, size)?;
         // The candidate is one of: unmapped -> end; unmapped -> free -> ...; free -> unmapped -> ...
         if !self.blocks[candidate].mapped {
             let to_map = self.blocks[candidate].size.min(size);
@@ -40,8 +40,9 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `find_expandable_block`: the lowest address, in any segment of this stream and pool,
     /// where free and unmapped blocks together offer `size` bytes; a new segment otherwise.
-    fn find_expandable_block(&mut self, stream: StreamId, pool: PoolKind, size: u64) -> Result<u32, AllocatorError> {
-        let tree = &self.pool(pool).unmapped;
+    fn find_expandable_block(&mut self, request: &Request, size: u64) -> Result<u32, AllocatorError> {
+        let (stream, pool, slot) = (request.stream, request.pool, request.slot);
+        let tree = &self.pool(slot, pool).unmapped;
         let mut cursor = tree.first_of_stream(&self.blocks, stream);
         while let Some(unmapped) = cursor {
             if self.blocks[unmapped].stream != stream {
@@ -79,7 +80,11 @@ impl<B: Backend> CachingAllocator<B> {
             head: NIL,
             page_size: Some(page_size),
             context: None,
+            private: slot,
         });
+        if slot != NIL {
+            self.private[slot].segments += 1;
+        }
         let mut block = Block::new(base, reserved, stream, pool, segment);
         block.mapped = false;
         block.expandable = true;
@@ -191,7 +196,11 @@ impl<B: Backend> CachingAllocator<B> {
         self.backend.release_address_space(base, size)?;
         self.remove_unmapped(id);
         self.blocks.remove(id);
-        self.segments.remove(segment);
+        if let Some(removed) = self.segments.remove(segment)
+            && removed.private != NIL
+        {
+            self.private[removed.private].segments -= 1;
+        }
         Ok(())
     }
 

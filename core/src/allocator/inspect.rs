@@ -4,6 +4,7 @@
 use super::CachingAllocator;
 use crate::backend::{Backend, StreamId};
 use crate::block::{Location, NIL};
+use crate::pool::PoolId;
 use crate::size::PoolKind;
 use crate::stats::MemoryStats;
 use crate::trace::ContextId;
@@ -77,6 +78,10 @@ pub struct SegmentSnapshot {
     pub pool: PoolKind,
     /// Whether it is (part of) an expandable segment.
     pub is_expandable: bool,
+    /// The private pool it belongs to (`segment_pool_id`), [`PoolId::DEFAULT`] for the default
+    /// pools.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "PoolId::is_default_ref"))]
+    pub pool_id: PoolId,
     /// Stack of the allocation that created the segment.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub context: Option<ContextId>,
@@ -107,6 +112,7 @@ impl<B: Backend> CachingAllocator<B> {
                     stream: segment.stream,
                     pool: segment.pool,
                     is_expandable: segment.page_size.is_some(),
+                    pool_id: self.pool_id_of_slot(segment.private),
                     context: if first { segment.context } else { None },
                     blocks: Vec::new(),
                 };
@@ -151,8 +157,10 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn check_consistency(&self) -> Result<(), String> {
         let mut recount = MemoryStats::default();
         let mut seen_blocks = 0usize;
-        let mut free_blocks = [0usize; 2];
-        let mut unmapped_blocks = [0usize; 2];
+        // Free and unmapped blocks counted per (pool slot, small/large), to compare with the sets.
+        let mut free_blocks: std::collections::BTreeMap<(u32, usize), usize> = Default::default();
+        let mut unmapped_blocks: std::collections::BTreeMap<(u32, usize), usize> = Default::default();
+        let mut private_segments: std::collections::BTreeMap<u32, u32> = Default::default();
         let max_split = self.config.max_split_size_raw();
         let mut reserved_total = 0u64;
         for (seg_id, segment) in self.segments.iter() {
@@ -161,6 +169,15 @@ impl<B: Backend> CachingAllocator<B> {
             let mut prev = NIL;
             let mut mapped_bytes = 0u64;
             let mut count = 0usize;
+            if segment.private != NIL {
+                if self.private.iter().all(|(slot, _)| slot != segment.private) {
+                    return Err(format!(
+                        "segment at {:#x}: its private pool {} does not exist",
+                        segment.base, segment.private
+                    ));
+                }
+                *private_segments.entry(segment.private).or_default() += 1;
+            }
             while id != NIL {
                 let b = self.blocks.get(id).ok_or(format!("segment {seg_id:#x}: link to vacant block {id}"))?;
                 count += 1;
@@ -207,8 +224,8 @@ impl<B: Backend> CachingAllocator<B> {
                     return Err(format!("block {id} at {:#x}: pending free without events", b.ptr));
                 }
                 match b.location {
-                    Location::Free => free_blocks[pool_index] += 1,
-                    Location::Unmapped => unmapped_blocks[pool_index] += 1,
+                    Location::Free => *free_blocks.entry((segment.private, pool_index)).or_default() += 1,
+                    Location::Unmapped => *unmapped_blocks.entry((segment.private, pool_index)).or_default() += 1,
                     _ => {}
                 }
                 // Free neighbours of the same mapping must have been merged.
@@ -267,14 +284,42 @@ impl<B: Backend> CachingAllocator<B> {
         if seen_blocks != self.blocks.len() {
             return Err(format!("{} blocks exist but {seen_blocks} are in segments", self.blocks.len()));
         }
-        for (i, pool) in [&self.small, &self.large].into_iter().enumerate() {
-            let n = pool.free.check(&self.blocks)?;
-            if n != free_blocks[i] {
-                return Err(format!("pool {i}: free set holds {n} blocks, {} are free", free_blocks[i]));
+        let slots = std::iter::once(NIL).chain(self.private.iter().map(|(slot, _)| slot));
+        for slot in slots {
+            let name = self.pool_id_of_slot(slot);
+            for (i, kind) in [PoolKind::Small, PoolKind::Large].into_iter().enumerate() {
+                let pool = self.pool(slot, kind);
+                let (free, unmapped) = (
+                    free_blocks.get(&(slot, i)).copied().unwrap_or(0),
+                    unmapped_blocks.get(&(slot, i)).copied().unwrap_or(0),
+                );
+                let n = pool.free.check(&self.blocks)?;
+                if n != free {
+                    return Err(format!("pool {name} {}: free set holds {n} blocks, {free} are free", kind.name()));
+                }
+                let n = pool.unmapped.check(&self.blocks)?;
+                if n != unmapped {
+                    return Err(format!(
+                        "pool {name} {}: unmapped set holds {n} blocks, {unmapped} are unmapped",
+                        kind.name()
+                    ));
+                }
             }
-            let n = pool.unmapped.check(&self.blocks)?;
-            if n != unmapped_blocks[i] {
-                return Err(format!("pool {i}: unmapped set holds {n} blocks, {} are unmapped", unmapped_blocks[i]));
+            if slot != NIL {
+                let (kept, counted) = (self.private[slot].segments, private_segments.get(&slot).copied().unwrap_or(0));
+                if kept != counted {
+                    return Err(format!("pool {name}: counts {kept} segments, {counted} belong to it"));
+                }
+            }
+        }
+        if self.private_ids.len() != self.private.len()
+            || self.private_ids.iter().any(|(id, &slot)| self.private.iter().all(|(s, p)| s != slot || p.id != *id))
+        {
+            return Err("the private pools and their ids disagree".into());
+        }
+        for (id, slot, _) in &self.routing {
+            if self.private_ids.get(id) != Some(slot) {
+                return Err(format!("allocations are routed to pool {id}, which does not exist"));
             }
         }
         let pending: u32 = self.events.values().map(|q| q.len() as u32).sum();

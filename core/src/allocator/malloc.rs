@@ -2,6 +2,7 @@
 //! (`docs/allocator-rules.md` §5, §6, §9, §10).
 
 use super::observer::OomEvent;
+use super::private::PoolSlot;
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, Location, NIL, Segment};
@@ -20,6 +21,9 @@ pub(super) struct Request {
     /// The segment size a cache miss asks the device for.
     pub alloc_size: u64,
     pub expandable: bool,
+    /// The private pool serving the request ([`NIL`] for the default pools): `get_pool`'s
+    /// choice among the pools allocations are routed to.
+    pub slot: PoolSlot,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -44,7 +48,11 @@ impl<B: Backend> CachingAllocator<B> {
         if size >= MAX_REQUEST {
             return Err(self.too_large(size));
         }
-        self.process_events()?;
+        // PyTorch queries no events while allocations are routed to a pool (event queries are
+        // illegal during a graph capture): cross-stream frees complete after.
+        if self.routing.is_empty() {
+            self.process_events()?;
+        }
         let policy = self.config.policy();
         let request = match policy {
             Policy::PyTorch => {
@@ -55,6 +63,7 @@ impl<B: Backend> CachingAllocator<B> {
                     size: rounded,
                     alloc_size: allocation_size(rounded, self.config.large_segment_size()),
                     expandable: self.config.expandable_segments(),
+                    slot: self.routed_slot(stream),
                 }
             }
             Policy::Cachalot => self.compact_request(size, stream),
@@ -76,7 +85,8 @@ impl<B: Backend> CachingAllocator<B> {
             if found.is_none() && self.release_available_cached_blocks(&request)? {
                 found = self.alloc_block(&request, false)?;
             }
-            if found.is_none() {
+            // Releasing the whole cache synchronizes, which a capture must not.
+            if found.is_none() && self.routing.is_empty() {
                 self.release_cached_blocks()?;
                 found = self.alloc_block(&request, true)?;
             }
@@ -92,10 +102,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// allow it. Only the single best candidate is examined.
     fn get_free_block(&mut self, request: &Request) -> Option<u32> {
         let gc = self.gc_enabled();
-        let pool = match request.pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = super::pool_mut(&mut self.small, &mut self.large, &mut self.private, request.slot, request.pool);
         if gc {
             pool.free_blocks_call_count += 1;
             self.gc_clock_started = true;
@@ -234,7 +241,11 @@ impl<B: Backend> CachingAllocator<B> {
             head: NIL,
             page_size: None,
             context: self.current_context,
+            private: request.slot,
         });
+        if request.slot != NIL {
+            self.private[request.slot].segments += 1;
+        }
         let block = self.blocks.insert(Block::new(ptr, size, request.stream, request.pool, segment));
         self.segments[segment].head = block;
         let oversize = self.is_oversize(size);
@@ -253,6 +264,7 @@ impl<B: Backend> CachingAllocator<B> {
         let allocated = self.memory_allocated();
         let reserved = self.memory_reserved();
         let limit = self.last_device_limit.take();
+        let in_private_pools = self.free_bytes_in_private_pools();
         let message = OomText {
             allocation_size: request.alloc_size,
             device: self.backend.device().index,
@@ -262,6 +274,7 @@ impl<B: Backend> CachingAllocator<B> {
             allowed: self.allowed_memory_maximum,
             allocated,
             reserved,
+            in_private_pools,
             limit: limit.as_deref(),
         }
         .render();

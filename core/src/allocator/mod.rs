@@ -2,20 +2,23 @@
 //!
 //! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
 //! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
-//! release, garbage collection), `expandable` (VA reservations and page mapping) and `inspect`
-//! (snapshots and the consistency check); `compact` is cachalot's own opt-in policy
-//! (`policy:cachalot`), which changes request sizes, splitting and what a miss gives back
-//! first, and nothing else; `object` is the [`Allocator`] trait that code not
-//! generic over the backend holds as `&dyn Allocator`. Every state change goes through these
-//! paths, which update the stats and record the trace entry PyTorch would record.
+//! release, garbage collection), `expandable` (VA reservations and page mapping), `private`
+//! (`MemPool` and CUDA-graph pools) and `inspect` (snapshots and the consistency check);
+//! `compact` is cachalot's own opt-in policy (`policy:cachalot`), which changes request sizes,
+//! splitting and what a miss gives back first, and nothing else; `object` is the [`Allocator`]
+//! trait that code not generic over the backend holds as `&dyn Allocator`; `devices` keeps one
+//! allocator per device. Every state change goes through these paths, which update the stats
+//! and record the trace entry PyTorch would record.
 
 mod compact;
+mod devices;
 mod expandable;
 mod free;
 mod inspect;
 mod malloc;
 mod object;
 mod observer;
+mod private;
 mod release;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -31,10 +34,13 @@ use crate::stats::MemoryStats;
 use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
 use crate::tree::{BlockTree, FreeIndex};
 
+use crate::pool::{PoolFilter, PoolId};
+pub use devices::DeviceAllocators;
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;
 use observer::OomObservers;
 pub use observer::{OomEvent, OomObserver};
+use private::{PoolSlot, PrivatePool};
 
 /// Gives every allocator an id, so a handle from another allocator is recognised.
 static NEXT_ALLOCATOR_ID: AtomicU32 = AtomicU32::new(1);
@@ -96,7 +102,7 @@ pub(crate) struct BlockPool {
 }
 
 impl BlockPool {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         BlockPool { free: FreeIndex::default(), unmapped: BlockTree::new(), free_blocks_call_count: 0 }
     }
 }
@@ -122,6 +128,12 @@ pub struct CachingAllocator<B: Backend> {
     segments: Slab<Segment>,
     small: BlockPool,
     large: BlockPool,
+    /// Private pools (`private.rs`), by slot; a segment names its pool's slot.
+    private: Slab<PrivatePool>,
+    /// The slot of each private pool, by id (ordered: freeable pools are released in id order).
+    private_ids: BTreeMap<PoolId, PoolSlot>,
+    /// Pools allocations are routed to now, oldest first (PyTorch's `captures_underway`).
+    routing: Vec<(PoolId, PoolSlot, PoolFilter)>,
     /// Outstanding cross-stream events, one FIFO per stream (PyTorch's `cuda_events`).
     events: BTreeMap<StreamId, VecDeque<(B::Event, u32)>>,
     stats: MemoryStats,
@@ -161,6 +173,9 @@ impl<B: Backend> CachingAllocator<B> {
             segments: Slab::default(),
             small: BlockPool::new(),
             large: BlockPool::new(),
+            private: Slab::default(),
+            private_ids: BTreeMap::new(),
+            routing: Vec::new(),
             events: BTreeMap::new(),
             stats: MemoryStats { max_split_size, ..MemoryStats::default() },
             total_allocated_memory: 0,
@@ -279,10 +294,12 @@ impl<B: Backend> CachingAllocator<B> {
         crate::summary::memory_summary(&self.stats, self.backend.device().index, abbreviated)
     }
 
-    /// Largest free cached block (PyTorch's `cacheInfo`), 0 when the cache is empty.
+    /// Largest free cached block (PyTorch's `cacheInfo`), private pools included, 0 when the
+    /// cache is empty.
     pub fn largest_free_block(&self) -> u64 {
         [&self.small, &self.large]
-            .iter()
+            .into_iter()
+            .chain(self.private.iter().flat_map(|(_, p)| [&p.small, &p.large]))
             .flat_map(|pool| pool.free.to_vec())
             .map(|id| self.blocks[id].size)
             .max()
@@ -417,21 +434,28 @@ impl<B: Backend> CachingAllocator<B> {
         self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold() > 0.0
     }
 
+    /// The block pool of `kind` in the pool of `slot` (the default pools for [`NIL`]).
     #[inline]
-    fn pool(&self, kind: PoolKind) -> &BlockPool {
-        match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
+    fn pool(&self, slot: PoolSlot, kind: PoolKind) -> &BlockPool {
+        match (slot, kind) {
+            (NIL, PoolKind::Small) => &self.small,
+            (NIL, PoolKind::Large) => &self.large,
+            (slot, kind) => self.private[slot].pool(kind),
         }
+    }
+
+    /// The slot of the pool block `id` belongs to: its segment's. Without private pools (the
+    /// common case) the segment is not looked at.
+    #[inline]
+    fn slot_of(&self, id: u32) -> PoolSlot {
+        if self.private.len() == 0 { NIL } else { self.segments[self.blocks[id].segment].private }
     }
 
     /// Puts a free mapped block into its pool's best-fit set (`insert_into_blocks`).
     #[inline]
     fn insert_free(&mut self, id: u32) {
-        let pool = match self.blocks[id].pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let (slot, kind) = (self.slot_of(id), self.blocks[id].pool);
+        let pool = pool_mut(&mut self.small, &mut self.large, &mut self.private, slot, kind);
         if self.gc_clock_started {
             self.blocks.cold_mut(id).gc_count_base = pool.free_blocks_call_count;
         }
@@ -441,29 +465,20 @@ impl<B: Backend> CachingAllocator<B> {
 
     #[inline]
     fn remove_free(&mut self, id: u32) {
-        let pool = match self.blocks[id].pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
-        pool.free.remove(&self.blocks, id);
+        let (slot, kind) = (self.slot_of(id), self.blocks[id].pool);
+        pool_mut(&mut self.small, &mut self.large, &mut self.private, slot, kind).free.remove(&self.blocks, id);
         self.blocks[id].location = Location::Detached;
     }
 
     fn insert_unmapped(&mut self, id: u32) {
-        let pool = match self.blocks[id].pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let (slot, kind) = (self.slot_of(id), self.blocks[id].pool);
         self.blocks[id].location = Location::Unmapped;
-        pool.unmapped.insert(&mut self.blocks, id);
+        pool_mut(&mut self.small, &mut self.large, &mut self.private, slot, kind).unmapped.insert(&mut self.blocks, id);
     }
 
     fn remove_unmapped(&mut self, id: u32) {
-        let pool = match self.blocks[id].pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
-        pool.unmapped.remove(&mut self.blocks, id);
+        let (slot, kind) = (self.slot_of(id), self.blocks[id].pool);
+        pool_mut(&mut self.small, &mut self.large, &mut self.private, slot, kind).unmapped.remove(&mut self.blocks, id);
         self.blocks[id].location = Location::Detached;
     }
 
@@ -515,6 +530,23 @@ impl<B: Backend> CachingAllocator<B> {
     }
 }
 
+/// The block pool of `kind` in the pool of `slot` (the default pools for [`NIL`]), from the
+/// allocator's fields, so that its blocks can be borrowed beside it.
+#[inline]
+fn pool_mut<'a>(
+    small: &'a mut BlockPool,
+    large: &'a mut BlockPool,
+    private: &'a mut Slab<PrivatePool>,
+    slot: PoolSlot,
+    kind: PoolKind,
+) -> &'a mut BlockPool {
+    match (slot, kind) {
+        (NIL, PoolKind::Small) => small,
+        (NIL, PoolKind::Large) => large,
+        (slot, kind) => private[slot].pool_mut(kind),
+    }
+}
+
 /// A copy of the whole state (used, for example, to try an operation without committing it).
 /// The copy keeps the handle id, so allocations of one are accepted by the other.
 impl<B: Backend + Clone> Clone for CachingAllocator<B>
@@ -530,6 +562,9 @@ where
             segments: self.segments.clone(),
             small: self.small.clone(),
             large: self.large.clone(),
+            private: self.private.clone(),
+            private_ids: self.private_ids.clone(),
+            routing: self.routing.clone(),
             events: self.events.clone(),
             stats: self.stats.clone(),
             total_allocated_memory: self.total_allocated_memory,

@@ -3,7 +3,9 @@
 
 use super::CachingAllocator;
 use super::malloc::Request;
+use super::private::PoolSlot;
 use crate::backend::Backend;
+use crate::block::NIL;
 use crate::error::AllocatorError;
 use crate::size::PoolKind;
 use crate::trace::TraceAction;
@@ -12,23 +14,27 @@ impl<B: Backend> CachingAllocator<B> {
     /// `torch.cuda.empty_cache()`: waits for all outstanding cross-stream events, then frees
     /// every cached segment that is entirely free and unmaps every fully free page of
     /// expandable segments. Segments holding even one live block keep all their memory.
+    /// Private pools keep theirs while in use; released ones give it back too. While
+    /// allocations are routed to a pool (a capture), the default pools are left alone.
     pub fn empty_cache(&mut self) -> Result<(), AllocatorError> {
         self.release_cached_blocks()
     }
 
     /// `release_cached_blocks`: the last step of the retry chain and `empty_cache`.
     pub(super) fn release_cached_blocks(&mut self) -> Result<(), AllocatorError> {
-        self.synchronize_and_free_events()?;
-        self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)?;
-        Ok(())
+        if self.routing.is_empty() {
+            self.synchronize_and_free_events()?;
+            self.release_blocks(NIL, PoolKind::Large)?;
+            self.release_blocks(NIL, PoolKind::Small)?;
+        }
+        self.release_freeable_pools()
     }
 
     /// `release_blocks`: frees unsplit free segments in set order, then unmaps the free pages of
     /// expandable blocks (releasing a reservation once nothing in it is mapped).
-    pub(super) fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocatorError> {
+    pub(super) fn release_blocks(&mut self, slot: PoolSlot, kind: PoolKind) -> Result<(), AllocatorError> {
         let mut to_unmap = Vec::new();
-        for id in self.pool(kind).free.to_vec() {
+        for id in self.pool(slot, kind).free.to_vec() {
             let b = &self.blocks[id];
             if b.expandable {
                 to_unmap.push(id);
@@ -59,7 +65,11 @@ impl<B: Backend> CachingAllocator<B> {
         self.total_allocated_memory -= size;
         self.remove_free(id);
         self.blocks.remove(id);
-        self.segments.remove(segment);
+        if let Some(removed) = self.segments.remove(segment)
+            && removed.private != NIL
+        {
+            self.private[removed.private].segments -= 1;
+        }
         Ok(())
     }
 
@@ -73,7 +83,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let stream = request.stream;
         let key_size = request.size.max(max_split);
-        let tree = &self.pool(request.pool).free;
+        let tree = &self.pool(request.slot, request.pool).free;
         let found = tree.lower_bound(stream, key_size);
         match found {
             // Expandable blocks are never released here: PyTorch 2.11 would try to cudaFree
@@ -97,7 +107,7 @@ impl<B: Backend> CachingAllocator<B> {
                     if released >= key_size || b.size < max_split || b.stream != stream {
                         break;
                     }
-                    cursor = self.pool(request.pool).free.predecessor(&self.blocks, id);
+                    cursor = self.pool(request.slot, request.pool).free.predecessor(&self.blocks, id);
                     if self.is_whole_segment(id) {
                         released += b.size;
                         self.release_block(id)?;

@@ -164,6 +164,7 @@ pub fn make_calls<B: Backend>(
             }
             ReplayCall::FreeCompleted { free, .. } => allocator.backend_mut().finish(stand_in_stream(free)),
             ReplayCall::EmptyCache { .. } => allocator.empty_cache()?,
+            ReplayCall::Pool { call, .. } => call.perform(allocator, &stream_of)?,
         }
     }
     Ok((ooms, limits, skipped))

@@ -139,7 +139,8 @@ impl TorchSegment {
             requested_size: segment.requested_size,
             stream: segment.stream.0,
             segment_type: segment.pool,
-            segment_pool_id: (0, 0),
+            // Pool ids are PyTorch's counters, far below i64::MAX.
+            segment_pool_id: (segment.pool_id.0 as i64, segment.pool_id.1 as i64),
             is_expandable: segment.is_expandable,
             frames: segment.context,
             blocks: segment
