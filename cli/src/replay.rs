@@ -5,12 +5,12 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cachalot_core::{AllocatorConfig, DeviceAllocators, OomObserver, SimBackend};
+use cachalot_core::{AllocatorConfig, CachingAllocator, DeviceAllocators, OomEvent, OomObserver, SimBackend};
+use cachalot_runtime::oom_snapshots::OomSnapshots;
 use cachalot_trace::Snapshot;
 use cachalot_trace::replay::{ReplayOptions, replay_devices, replay_observed, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
@@ -138,17 +138,27 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
     }
     let started = Instant::now();
     let bar = progress_bar(&name);
-    let dumps = OomDumps::default();
-    let observers = match &args.oom_snapshot {
-        Some(dir) => vec![dumps.observer(dir, &name, path)],
-        None => Vec::new(),
+    let dumps = match &args.oom_snapshot {
+        Some(dir) => Some(
+            OomSnapshots::new(dir, &name, &format!("replay of {}", path.display()))
+                .map_err(|e| Failure::input(anyhow!(e)))?,
+        ),
+        None => None,
     };
+    let observers: Vec<OomObserver<SimBackend>> = dumps
+        .iter()
+        .map(|dumps| {
+            let observer = dumps.observer();
+            Arc::new(move |event: &OomEvent, allocator: &CachingAllocator<SimBackend>| observer(event, allocator))
+                as OomObserver<SimBackend>
+        })
+        .collect();
     let outcome = replay_observed(snapshot, &options, &observers, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
-    if let Some(error) = dumps.first_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    if let Some(error) = dumps.as_ref().and_then(OomSnapshots::first_error) {
         return Err(Failure::input(anyhow!(error)));
     }
     bar.finish_and_clear();
@@ -223,36 +233,6 @@ fn replay_every_device(
         }
     }
     Ok(all_match)
-}
-
-/// The snapshots `--oom-snapshot` writes: how many so far, and the first write that failed (an
-/// observer cannot return an error; the replay reports it afterwards).
-#[derive(Default, Clone)]
-struct OomDumps {
-    written: Arc<AtomicUsize>,
-    first_error: Arc<Mutex<Option<String>>>,
-}
-
-impl OomDumps {
-    /// An observer writing `dir/NAME.oom-N.json` at the N-th out-of-memory error.
-    fn observer(&self, dir: &Path, name: &str, trace: &Path) -> OomObserver<SimBackend> {
-        let (dumps, dir, name, trace) = (self.clone(), dir.to_path_buf(), name.to_owned(), trace.to_path_buf());
-        Arc::new(move |event, allocator| {
-            let n = dumps.written.fetch_add(1, Ordering::Relaxed) + 1;
-            let target = dir.join(format!("{name}.oom-{n}.json"));
-            let label = format!(
-                "replay of {} at out-of-memory error {n} ({} B requested, {} B free of {})",
-                trace.display(),
-                event.requested,
-                event.device_free,
-                event.device_total
-            );
-            if let Err(e) = std::fs::write(&target, Snapshot::capture(allocator, label).to_json()) {
-                let mut first = dumps.first_error.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert_with(|| format!("{}: cannot write: {e}", target.display()));
-            }
-        })
-    }
 }
 
 /// Replays `snapshot` on a CUDA or wgpu device and prints the simulator's line for it, then the peaks

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow};
 use cachalot_core::error::{format_size, group_digits};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
-use cachalot_runtime::{Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute};
+use cachalot_runtime::oom_snapshots::OomSnapshots;
+use cachalot_runtime::{
+    Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute_on, open,
+};
 
 use crate::failure::{Failure, Outcome};
 
@@ -24,6 +27,10 @@ pub struct RunArgs {
     /// Print the abbreviated memory_summary().
     #[arg(long, global = true)]
     pub abbreviated: bool,
+    /// At every out-of-memory error of the run, write the allocator's snapshot as that error left
+    /// it to this directory (EXPERIMENT.oom-N.json), through an OOM observer.
+    #[arg(long, global = true)]
+    pub oom_snapshot: Option<PathBuf>,
 }
 
 /// The device an experiment runs on and where its snapshot goes: the options `cachalot run`
@@ -233,7 +240,21 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
 pub fn run(args: &RunArgs) -> Outcome {
     let experiment = experiment(&args.experiment).map_err(Failure::input)?;
     let options = args.run.device_options().map_err(Failure::input)?;
-    let result = execute(&experiment, &options).map_err(|e| Failure::input(anyhow!(e)))?;
+    let name = experiment.name();
+    let dumps = match &args.oom_snapshot {
+        Some(dir) => {
+            Some(OomSnapshots::new(dir, name, &format!("run of {name}")).map_err(|e| Failure::input(anyhow!(e)))?)
+        }
+        None => None,
+    };
+    let (mut device, selection) = open(&options).map_err(|e| Failure::input(anyhow!(e)))?;
+    if let Some(dumps) = &dumps {
+        device.held_mut().attach_oom_observer(dumps.observer());
+    }
+    let result = execute_on(&experiment, device, selection);
+    if let Some(error) = dumps.as_ref().and_then(OomSnapshots::first_error) {
+        return Err(Failure::input(anyhow!(error)));
+    }
     let record = &result.record;
 
     println!("{} on {}", experiment.name(), record.backend.name());
@@ -291,6 +312,9 @@ pub fn run(args: &RunArgs) -> Outcome {
         "\nsnapshot: {} (open it with `cachalot view`, put runs side by side with `cachalot compare`)",
         out.display()
     );
+    if let (Some(dumps), Some(dir)) = (&dumps, &args.oom_snapshot) {
+        println!("out-of-memory snapshots: {} in {}", dumps.written(), dir.display());
+    }
 
     if let Some(error) = &record.error {
         return Err(Failure { status: 1, error: anyhow!("the experiment stopped: {error}") });

@@ -43,8 +43,8 @@ pub mod trace;
 mod tree;
 
 pub use allocator::{
-    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, OomEvent, OomObserver,
-    SegmentSnapshot,
+    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, DynOomObserver, OomEvent,
+    OomObserver, SegmentSnapshot,
 };
 pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};

@@ -39,7 +39,7 @@ pub use devices::DeviceAllocators;
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;
 use observer::OomObservers;
-pub use observer::{OomEvent, OomObserver};
+pub use observer::{DynOomObserver, OomEvent, OomObserver};
 use private::{PoolSlot, PrivatePool};
 
 /// Gives every allocator an id, so a handle from another allocator is recognised.

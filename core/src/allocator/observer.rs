@@ -28,6 +28,10 @@ pub struct OomEvent {
 /// (its snapshot, trace and stats show the state that ran out), before the error returns.
 pub type OomObserver<B> = Arc<dyn Fn(&OomEvent, &CachingAllocator<B>) + Send + Sync>;
 
+/// An out-of-memory observer for code that does not know the backend
+/// ([`CachingAllocator::attach_dyn_oom_observer`]): it sees the allocator as a trait object.
+pub type DynOomObserver = Arc<dyn Fn(&OomEvent, &dyn super::Allocator) + Send + Sync>;
+
 /// The observers of one allocator, in the order they were attached.
 pub(crate) struct OomObservers<B: Backend>(Vec<OomObserver<B>>);
 
@@ -64,6 +68,15 @@ impl<B: Backend> CachingAllocator<B> {
     /// ```
     pub fn attach_oom_observer(&mut self, observer: OomObserver<B>) {
         self.oom_observers.0.push(observer);
+    }
+
+    /// [`CachingAllocator::attach_oom_observer`] for code that does not know the backend: the
+    /// observer sees the allocator as a trait object ([`super::Allocator`]).
+    pub fn attach_dyn_oom_observer(&mut self, observer: DynOomObserver)
+    where
+        B: 'static,
+    {
+        self.attach_oom_observer(Arc::new(move |event, allocator: &CachingAllocator<B>| observer(event, allocator)));
     }
 
     /// Detaches every observer (a copy made to try something out should not report).

@@ -171,9 +171,15 @@ pub trait HeldAllocator {
     fn allocator(&self) -> &dyn Allocator;
     /// The allocator, mutably.
     fn allocator_mut(&mut self) -> &mut dyn Allocator;
+    /// Attaches an out-of-memory observer to the allocator
+    /// ([`cachalot_core::CachingAllocator::attach_dyn_oom_observer`]).
+    fn attach_oom_observer(&mut self, observer: cachalot_core::DynOomObserver);
 }
 
-impl<B: Backend> HeldAllocator for DeviceAllocator<B> {
+impl<B: Backend + 'static> HeldAllocator for DeviceAllocator<B> {
+    fn attach_oom_observer(&mut self, observer: cachalot_core::DynOomObserver) {
+        self.allocator.attach_dyn_oom_observer(observer);
+    }
     fn kind(&self) -> BackendKind {
         self.kind
     }
