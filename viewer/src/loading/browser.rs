@@ -14,6 +14,15 @@ type Received = Vec<(String, Result<Vec<u8>, String>)>;
 #[derive(Clone, Debug, Default)]
 pub struct Inbox(Rc<RefCell<Received>>);
 
+/// Leaves a mark on the page's performance timeline (`performance.mark`), where a script timing
+/// the page (`scripts/dev/web-test/bench.mjs`) or the browser's profiler finds it. Marks are
+/// left only around loads, never every frame, so the timeline stays small.
+pub fn mark(name: &str) {
+    if let Some(performance) = web_sys::window().and_then(|w| w.performance()) {
+        let _ = performance.mark(name);
+    }
+}
+
 fn js_error(value: &JsValue) -> String {
     value.as_string().unwrap_or_else(|| format!("{value:?}"))
 }
@@ -88,7 +97,9 @@ impl Inbox {
         let inbox = self.clone();
         wasm_bindgen_futures::spawn_local(async move {
             let name = url.rsplit('/').next().unwrap_or(&url).to_owned();
+            mark(&format!("cachalot fetch {name}"));
             let bytes = fetch_bytes(url).await;
+            mark(&format!("cachalot fetched {name}"));
             inbox.push(name, bytes, &ctx);
         });
     }

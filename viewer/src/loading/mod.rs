@@ -8,7 +8,7 @@
 mod browser;
 
 #[cfg(target_arch = "wasm32")]
-pub use browser::Inbox;
+pub use browser::{Inbox, mark};
 
 use crate::load::{Progress, load_bytes};
 use crate::model::Run;
@@ -157,7 +157,13 @@ impl Loader {
             if let Some(mut pending) = self.pending.pop()
                 && let Some(job) = pending.job.take()
             {
+                // The parse runs inside the animation frame that then draws its run: done
+                // between frames instead (in the callback that received the bytes), it was a
+                // long task after which Chromium held the page's next frame back by up to a
+                // second (BENCHMARKS.md §11).
+                mark(&format!("cachalot load {}", pending.name));
                 finished.push(named(&pending.name, job(&pending.progress)));
+                mark(&format!("cachalot loaded {}", pending.name));
             }
         }
         finished
