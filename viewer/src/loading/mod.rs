@@ -47,11 +47,14 @@ fn named(name: &str, result: Result<Vec<Run>, String>) -> Loaded {
 impl Loader {
     /// Whether nothing is loading.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.len() == 0
     }
 
-    /// How many files are loading.
+    /// How many files are loading (in the browser, those still arriving too).
     pub fn len(&self) -> usize {
+        #[cfg(target_arch = "wasm32")]
+        return self.pending.len() + self.inbox.arriving().len();
+        #[cfg(not(target_arch = "wasm32"))]
         self.pending.len()
     }
 
@@ -188,6 +191,10 @@ impl Loader {
             ui.add(
                 egui::ProgressBar::new(l.progress.fraction()).desired_width(140.0).text(format!("loading {}", l.name)),
             );
+        }
+        #[cfg(target_arch = "wasm32")]
+        for name in self.inbox.arriving() {
+            ui.add(egui::ProgressBar::new(0.0).animate(true).desired_width(140.0).text(format!("receiving {name}")));
         }
     }
 
