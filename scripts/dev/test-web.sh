@@ -8,8 +8,12 @@
 # bundled SwiftShader without a GPU): `seeds` and a 5-step `mlp-train` against native runs made
 # here first — marks against `cachalot run --backend wgpu` (lavapipe), losses and allocator
 # events against `--backend sim --profile wgpu` — an OOM past a small budget, and a screenshot
-# (target/web-test-webgpu.png) with the segment map. About 3 minutes on 2 cores (most of it
-# SwiftShader running the kernels).
+# (target/web-test-webgpu.png) with the segment map; then an uploaded op file (`ops`) and a
+# two-shape `matmul-sweep` against their native wgpu runs, the two downloads (snapshot and
+# PyTorch pickle) read back by `cachalot summary` / `cachalot replay` and Python's pickle, and
+# the page's `seeds` against PyTorch's seeds.expected.json through `cachalot compare` (the same
+# marks and reasons as the native wgpu run).
+# About 3 minutes on 2 cores (most of it SwiftShader running the kernels).
 #
 # Installs what it needs if missing: Debian's chromium (apt) and playwright-core (npm, into
 # scripts/dev/web-test/node_modules). Skips with a message where neither apt nor chromium exists.
@@ -66,6 +70,25 @@ fi
 "$cachalot" run mlp-train --steps 5 --backend wgpu --out "$refs/mlp.wgpu.json" >/dev/null
 "$cachalot" run seeds --backend sim --profile wgpu --out "$refs/seeds.sim-wgpu.json" >/dev/null
 "$cachalot" run mlp-train --steps 5 --backend sim --profile wgpu --out "$refs/mlp.sim-wgpu.json" >/dev/null
+# An op file to upload (small and large blocks, frees out of order, a second stream) and a
+# two-shape matmul-sweep, with their native wgpu runs.
+python3 - "$refs/mixed.ops" <<'PY'
+import sys
+sizes = [512, 4096, 1 << 20, 3 << 20, 700_000, 25 << 20, 2 << 20, 96]
+with open(sys.argv[1], "w") as f:
+    f.write("# mixed sizes, two streams (test-web.sh)\n")
+    live = []
+    for i in range(120):
+        f.write(f"a {i} {sizes[i * 7 % len(sizes)] + i * 64} {i % 5 == 4 and 1 or 0}\n")
+        live.append(i)
+        if i % 3 == 2:
+            f.write(f"f {live.pop(len(live) // 2)}\n")
+    for i in live:
+        f.write(f"f {i}\n")
+PY
+cp "$root/testdata/traces/pytorch-2.11-h200/seeds.expected.json" "$refs/"
+"$cachalot" run ops "$refs/mixed.ops" --backend wgpu --out "$refs/ops.wgpu.json" >/dev/null
+"$cachalot" run matmul-sweep --shapes 64x64x64,127x33x65 --backend wgpu --out "$refs/matmul.wgpu.json" >/dev/null
 gpu_shot="${shot%.png}-webgpu.png"
-node scripts/dev/web-test/webgpu.mjs "http://127.0.0.1:$port/" "$refs" "$gpu_shot"
+CACHALOT="$cachalot" node scripts/dev/web-test/webgpu.mjs "http://127.0.0.1:$port/" "$refs" "$gpu_shot"
 echo "test-web: WebGPU screenshot in $gpu_shot"

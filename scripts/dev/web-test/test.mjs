@@ -1,6 +1,7 @@
 // Opens the web viewer in headless Chromium and checks that the page starts without console
 // errors, that a trace given in the address loads and its timeline is drawn, that a broken
-// file shows an error while the app stays usable, and takes a screenshot.
+// file shows an error while the app stays usable, that a file on its way shows as loading and
+// then opens beside the first, and takes a screenshot.
 //
 //   node test.mjs http://127.0.0.1:8765/ out.png
 import { chromium } from "playwright-core";
@@ -64,6 +65,23 @@ try {
   check(s.notices.some((n) => n.startsWith("broken.pickle")), "the broken file is reported in the UI");
   const png = await page.screenshot({ path: shot });
   check(png.length > 30000, `the screenshot shows a drawn page (${png.length} bytes)`);
+  // Opening another file from a script, as the Open button does: it shows as loading (a
+  // progress bar) from the moment it is asked for, and opens beside the first without a reload.
+  const loadingNow = await page.evaluate(() => {
+    window.cachalot.open_url("traces/seeds.pickle");
+    return JSON.parse(window.cachalot.status()).loading;
+  });
+  check(loadingNow === 1, `a file on its way shows as loading (${loadingNow})`);
+  await page.waitForFunction(
+    () => {
+      const s = JSON.parse(window.cachalot.status());
+      return s.tabs.length === 2 && s.loading === 0 && s.tabs.every((t) => t.timeline_drawn);
+    },
+    null,
+    { timeout: 120000 },
+  );
+  const both = await status();
+  check(both.tabs.length === 2 && both.tabs[1].entries === 60 && both.tabs[1].verified, "it opens as a second run, verified");
   const panicked = await page.evaluate(() => window.cachalot.has_panicked());
   check(!panicked, "the app did not panic");
   check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);

@@ -12,7 +12,7 @@
 // and the WebGPU checks are skipped (never counted as passed).
 //
 //   node webgpu.mjs http://127.0.0.1:8765/ REFS_DIR out.png
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { chromium, firefox } from "playwright-core";
 
@@ -59,6 +59,30 @@ const failures = [];
 const checkIn = (ok, message) => {
   if (!ok) failures.push(message);
   console.log(`${ok ? "ok  " : "FAIL"} ${message}`);
+};
+
+// The command line (test-web.sh passes its path), for reading the page's downloads back.
+const cli = (args) => {
+  try {
+    return { ok: true, out: execFileSync(process.env.CACHALOT || "cachalot", args, { stdio: ["ignore", "pipe", "pipe"] }).toString() };
+  } catch (error) {
+    return { ok: false, err: `${error.message.split("\n")[0]} ${String(error.stderr || "").slice(0, 300)}` };
+  }
+};
+
+// `cachalot compare EXPECTED RUN`: its exit status, the rows of its marks table and its
+// `reason:` lines, with the run's file name replaced by "B" so two runs' outputs compare.
+const compare = (expected, run) => {
+  const done = spawnSync(process.env.CACHALOT || "cachalot", ["compare", expected, run], { encoding: "utf8" });
+  const text = (done.stdout || "").replaceAll(run.split("/").pop(), "B");
+  const lines = text.split("\n");
+  const start = lines.findIndex((l) => l.startsWith("marks:"));
+  const end = lines.findIndex((l, i) => i > start && l.trim() === "");
+  return {
+    status: done.status,
+    marks: start < 0 ? [] : lines.slice(start + 2, end),
+    reasons: lines.filter((l) => l.trim().startsWith("reason:")),
+  };
 };
 
 const snapshot = (name) => JSON.parse(readFileSync(`${refs}/${name}`, "utf8"));
@@ -177,6 +201,21 @@ const session = async (name, browser, full) => {
       const e = firstDifference(normalize(snap.trace), normalize(sim.trace));
       check(e === null, `seeds: the ${snap.trace.length} allocator events equal the simulator's (wgpu profile)${e ? ": " + e : ""}`);
       check(status.run.device_errors.length === 0, `seeds: no WebGPU errors ${JSON.stringify(status.run.device_errors)}`);
+      if (full) {
+        // Against PyTorch's seeds.expected.json: `cachalot compare` of the page's run (its
+        // downloaded snapshot) names every difference, and shows the same marks and the same
+        // reasons as for the native wgpu run. (The page's Compare tab puts two runs side by
+        // side but has no reasons panel: that analysis is native-only.)
+        const pagePath = `${refs}/seeds.${name}.json`;
+        writeFileSync(pagePath, JSON.stringify(snap));
+        const page_ = compare(`${refs}/seeds.expected.json`, pagePath);
+        const native_ = compare(`${refs}/seeds.expected.json`, `${refs}/seeds.wgpu.json`);
+        check(page_.status === 0, `seeds: \`cachalot compare\` with seeds.expected.json names a reason for every difference (exit ${page_.status})`);
+        const m = firstDifference(page_.marks, native_.marks);
+        check(m === null && page_.marks.length === 12, `seeds: compared with seeds.expected.json, the page's ${page_.marks.length} marks read as the native wgpu run's${m ? ": " + m : ""}`);
+        const r = firstDifference(page_.reasons, native_.reasons);
+        check(r === null && page_.reasons.length > 0, `seeds: the same ${page_.reasons.length} reasons as for the native wgpu run${r ? ": " + r : ""}`);
+      }
     }
 
     // mlp-train, 5 steps
@@ -206,6 +245,50 @@ const session = async (name, browser, full) => {
         path,
       ]).toString().trim();
       check(read === `${snap.segments.length} ${snap.trace.length}`, `mlp-train: the PyTorch pickle holds the run's segments and trace (${read})`);
+    }
+
+    if (full) {
+      // The two downloads of the mlp-train run: the snapshot (cachalot's JSON) and the PyTorch
+      // pickle, each read back by the command line (`summary` rebuilds the end state and
+      // `replay` runs every trace entry through the allocator again).
+      const json = await page.evaluate(() => window.cachalot.gpu_snapshot());
+      const jsonPath = `${refs}/mlp.${name}.json`;
+      writeFileSync(jsonPath, json);
+      const picklePath = `${refs}/mlp.${name}.pickle`;
+      for (const [what, path] of [["snapshot", jsonPath], ["PyTorch pickle", picklePath]]) {
+        const summary = cli(["summary", path]);
+        check(summary.ok && summary.out.includes("Allocated memory"), `the downloaded ${what} opens with \`cachalot summary\`${summary.ok ? "" : ": " + summary.err}`);
+      }
+      const replay = cli(["replay", picklePath]);
+      check(replay.ok, `the downloaded PyTorch pickle replays with \`cachalot replay\`${replay.ok ? "" : ": " + replay.err}`);
+
+      // An uploaded op file (the `ops` experiment): the same marks and allocator events as
+      // `cachalot run ops --backend wgpu` on the same file.
+      {
+        const ops = readFileSync(`${refs}/mixed.ops`, "utf8");
+        const { status, snap } = await run({ experiment: "ops", backend: "webgpu", ops_name: "mixed.ops", ops, budget_mib: 2048 });
+        const result = status.run.result;
+        check(result && result.record.error === null, `ops on WebGPU finished (${result && result.record.error})`);
+        const native = snapshot("ops.wgpu.json");
+        const d = firstDifference(marksOf(snap), marksOf(native));
+        check(d === null && snap.marks.length > 0, `ops: the ${snap.marks.length} marks equal the native wgpu run's${d ? ": " + d : ""}`);
+        const e = firstDifference(normalize(snap.trace), normalize(native.trace));
+        check(e === null && snap.trace.length > 0, `ops: the ${snap.trace.length} allocator events equal the native wgpu run's${e ? ": " + e : ""}`);
+      }
+
+      // matmul-sweep on two shapes and three layouts: every product checked, and the marks of
+      // the native wgpu run.
+      {
+        const { status, snap } = await run({ experiment: "matmul-sweep", backend: "webgpu", shapes: "64x64x64,127x33x65", budget_mib: 2048 });
+        const result = status.run.result;
+        check(result && result.record.error === null, `matmul-sweep on WebGPU finished (${result && result.record.error})`);
+        const checks = result.record.outcome.checks;
+        check(checks.length > 0 && checks.every((c) => c.passed), `matmul-sweep: its ${checks.length} checks passed${checks.every((c) => c.passed) ? "" : ": " + JSON.stringify(checks.filter((c) => !c.passed))}`);
+        const native = snapshot("matmul.wgpu.json");
+        const d = firstDifference(marksOf(snap), marksOf(native));
+        check(d === null && snap.marks.length > 0, `matmul-sweep: the ${snap.marks.length} marks equal the native wgpu run's${d ? ": " + d : ""}`);
+        check(status.run.device_errors.length === 0, `matmul-sweep: no WebGPU errors ${JSON.stringify(status.run.device_errors)}`);
+      }
     }
 
     // Past the budget: the allocator's out-of-memory error, and the page goes on.

@@ -10,9 +10,22 @@ use wasm_bindgen::prelude::*;
 
 type Received = Vec<(String, Result<Vec<u8>, String>)>;
 
-/// Files read by browser callbacks, waiting for the next frame.
+/// Files read by browser callbacks, waiting for the next frame, and the names of those still
+/// arriving (a fetch of a large trace takes seconds: the page shows them as loading).
 #[derive(Clone, Debug, Default)]
-pub struct Inbox(Rc<RefCell<Received>>);
+pub struct Inbox {
+    received: Rc<RefCell<Received>>,
+    arriving: Rc<RefCell<Vec<String>>>,
+}
+
+/// Leaves a mark on the page's performance timeline (`performance.mark`), where a script timing
+/// the page (`scripts/dev/web-test/bench.mjs`) or the browser's profiler finds it. Marks are
+/// left only around loads, never every frame, so the timeline stays small.
+pub fn mark(name: &str) {
+    if let Some(performance) = web_sys::window().and_then(|w| w.performance()) {
+        let _ = performance.mark(name);
+    }
+}
 
 fn js_error(value: &JsValue) -> String {
     value.as_string().unwrap_or_else(|| format!("{value:?}"))
@@ -38,11 +51,27 @@ async fn fetch_bytes(url: String) -> Result<Vec<u8>, String> {
 impl Inbox {
     /// Everything received since the last call.
     pub fn take(&self) -> Received {
-        std::mem::take(&mut *self.0.borrow_mut())
+        std::mem::take(&mut *self.received.borrow_mut())
+    }
+
+    /// The names of the files still arriving.
+    pub fn arriving(&self) -> Vec<String> {
+        self.arriving.borrow().clone()
+    }
+
+    /// Notes that `name` is on its way, until [`Inbox::push`] brings it.
+    fn expect(&self, name: &str) {
+        self.arriving.borrow_mut().push(name.to_owned());
     }
 
     fn push(&self, name: String, bytes: Result<Vec<u8>, String>, ctx: &egui::Context) {
-        self.0.borrow_mut().push((name, bytes));
+        {
+            let mut arriving = self.arriving.borrow_mut();
+            if let Some(i) = arriving.iter().position(|n| *n == name) {
+                arriving.remove(i);
+            }
+        }
+        self.received.borrow_mut().push((name, bytes));
         ctx.request_repaint();
     }
 
@@ -62,6 +91,7 @@ impl Inbox {
                 let (inbox, ctx) = (inbox.clone(), ctx.clone());
                 wasm_bindgen_futures::spawn_local(async move {
                     let name = file.name();
+                    inbox.expect(&name);
                     let bytes = read_file(file).await;
                     inbox.push(name, bytes, &ctx);
                 });
@@ -78,6 +108,7 @@ impl Inbox {
         let inbox = self.clone();
         wasm_bindgen_futures::spawn_local(async move {
             let name = file.path().display().to_string();
+            inbox.expect(&name);
             let bytes = file.bytes_async().await;
             inbox.push(name, bytes, &ctx);
         });
@@ -86,9 +117,13 @@ impl Inbox {
     /// Fetches `url` from the server the page came from.
     pub fn fetch(&self, url: String, ctx: egui::Context) {
         let inbox = self.clone();
+        let name = url.rsplit('/').next().unwrap_or(&url).to_owned();
+        // Counted as loading from the call on, so a script sees the load the moment it asks.
+        inbox.expect(&name);
         wasm_bindgen_futures::spawn_local(async move {
-            let name = url.rsplit('/').next().unwrap_or(&url).to_owned();
+            mark(&format!("cachalot fetch {name}"));
             let bytes = fetch_bytes(url).await;
+            mark(&format!("cachalot fetched {name}"));
             inbox.push(name, bytes, &ctx);
         });
     }

@@ -8,7 +8,7 @@
 mod browser;
 
 #[cfg(target_arch = "wasm32")]
-pub use browser::Inbox;
+pub use browser::{Inbox, mark};
 
 use crate::load::{Progress, load_bytes};
 use crate::model::Run;
@@ -47,11 +47,14 @@ fn named(name: &str, result: Result<Vec<Run>, String>) -> Loaded {
 impl Loader {
     /// Whether nothing is loading.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.len() == 0
     }
 
-    /// How many files are loading.
+    /// How many files are loading (in the browser, those still arriving too).
     pub fn len(&self) -> usize {
+        #[cfg(target_arch = "wasm32")]
+        return self.pending.len() + self.inbox.arriving().len();
+        #[cfg(not(target_arch = "wasm32"))]
         self.pending.len()
     }
 
@@ -157,7 +160,13 @@ impl Loader {
             if let Some(mut pending) = self.pending.pop()
                 && let Some(job) = pending.job.take()
             {
+                // The parse runs inside the animation frame that then draws its run: done
+                // between frames instead (in the callback that received the bytes), it was a
+                // long task after which Chromium held the page's next frame back by up to a
+                // second (BENCHMARKS.md §11).
+                mark(&format!("cachalot load {}", pending.name));
                 finished.push(named(&pending.name, job(&pending.progress)));
+                mark(&format!("cachalot loaded {}", pending.name));
             }
         }
         finished
@@ -182,6 +191,10 @@ impl Loader {
             ui.add(
                 egui::ProgressBar::new(l.progress.fraction()).desired_width(140.0).text(format!("loading {}", l.name)),
             );
+        }
+        #[cfg(target_arch = "wasm32")]
+        for name in self.inbox.arriving() {
+            ui.add(egui::ProgressBar::new(0.0).animate(true).desired_width(140.0).text(format!("receiving {name}")));
         }
     }
 
