@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use cachalot_trace::Snapshot;
 use cachalot_trace::ops::OpFile;
 use cachalot_trace::snapshot::torch::TorchSnapshot;
@@ -24,44 +24,11 @@ pub fn load(path: &Path) -> Result<Input> {
     parse(path, &bytes)
 }
 
-/// The most bytes an input file may have unless `CACHALOT_MAX_INPUT_BYTES` says otherwise:
-/// 1 GiB, about eight times the 3,000,000-entry pickle of BENCHMARKS.md.
-pub const DEFAULT_MAX_INPUT_BYTES: u64 = 1 << 30;
-
-/// The input size limit: `CACHALOT_MAX_INPUT_BYTES` if set, else [`DEFAULT_MAX_INPUT_BYTES`].
-pub fn max_input_bytes() -> Result<u64> {
-    match std::env::var("CACHALOT_MAX_INPUT_BYTES") {
-        Ok(text) => text
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|&n| n > 0)
-            .with_context(|| format!("CACHALOT_MAX_INPUT_BYTES={text}: expected a positive number of bytes")),
-        Err(_) => Ok(DEFAULT_MAX_INPUT_BYTES),
-    }
-}
-
 /// Reads the whole of `path` (a file, a pipe or a device), refusing more than
-/// [`max_input_bytes`]: an endless source such as `/dev/zero` or a huge file is an error naming
+/// [`cachalot_trace::input::max_input_bytes`]: an endless source such as `/dev/zero` or a huge file is an error naming
 /// the limit instead of a read that runs until memory is gone.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let limit = max_input_bytes()?;
-    let name = path.display();
-    let file = std::fs::File::open(path).with_context(|| format!("{name}: cannot read"))?;
-    // A regular file's length sizes the buffer; a pipe or a device says 0 and grows it.
-    let known = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if known > limit {
-        bail!(
-            "{name}: {known} bytes is more than the input limit of {limit} (set CACHALOT_MAX_INPUT_BYTES to raise it)"
-        );
-    }
-    let mut bytes = Vec::with_capacity(known as usize);
-    file.take(limit + 1).read_to_end(&mut bytes).with_context(|| format!("{name}: cannot read"))?;
-    if bytes.len() as u64 > limit {
-        bail!("{name}: more than the input limit of {limit} bytes (set CACHALOT_MAX_INPUT_BYTES to raise it)");
-    }
-    Ok(bytes)
+    Ok(cachalot_trace::input::read(path)?)
 }
 
 /// Parses the bytes of a file called `path`.

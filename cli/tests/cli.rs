@@ -65,6 +65,28 @@ fn bad_files_exit_2_with_the_file_and_place() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `compare` reads its files through the runtime's comparison columns, which apply the same
+/// input limit as every other reader: a file over it, or a pickle beside an `expected.json`
+/// over it, is refused before it is parsed.
+#[test]
+fn compare_refuses_files_over_the_input_limit() {
+    let limited = |args: &[&str], limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_cachalot")).args(args).env("CACHALOT_MAX_INPUT_BYTES", limit).output().unwrap()
+    };
+    // multistream.pickle is larger than its expected.json, which is read too.
+    let pickle = trace("multistream");
+    let size = std::fs::metadata(&pickle).unwrap().len();
+    let out = limited(&["compare", &pickle, &pickle], &(size - 1).to_string());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    let expected = format!("{size} bytes is more than the input limit of {} bytes", size - 1);
+    assert!(stderr.contains(&pickle) && stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // At the file's size it is read.
+    let out = limited(&["compare", &pickle, &pickle], &size.to_string());
+    assert_ne!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
 #[test]
 fn summary_and_stats_of_a_trace_end_state() {
     let out = cachalot(&["summary", &trace("seeds")]);

@@ -107,6 +107,29 @@ impl SimBackend {
         self
     }
 
+    /// A copy of the device's state (segments, reservations, streams, clock) without the
+    /// addresses planned for later allocations, for a trial run whose addresses do not matter:
+    /// the plan of a long trace is as long as the trace.
+    pub fn trial_copy(&self) -> SimBackend {
+        SimBackend {
+            facts: self.facts.clone(),
+            used: self.used,
+            next_address: self.next_address,
+            planned_segments: VecDeque::new(),
+            planned_reservations: VecDeque::new(),
+            plan_misses: self.plan_misses,
+            unplanned_reservations: self.unplanned_reservations,
+            next_reservations: VecDeque::new(),
+            reservations_made: self.reservations_made,
+            segments: self.segments.clone(),
+            reservations: self.reservations.clone(),
+            streams: self.streams.clone(),
+            free_override: self.free_override,
+            clock_us: self.clock_us,
+            process_text: String::new(),
+        }
+    }
+
     /// Bytes currently backed: live segments plus mapped pages.
     pub fn used(&self) -> u64 {
         self.used

@@ -18,6 +18,8 @@
 //! - [`rebuild`]: the segments, blocks and `memory_stats()` a recorded trace describes, rebuilt
 //!   entry by entry (and backwards from the end state where the trace lost its start) without
 //!   running the allocator: what the viewer shows at every point of a recording.
+//! - [`input`]: an input file read whole within the size limit every reader applies
+//!   (`CACHALOT_MAX_INPUT_BYTES`).
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
 //!   trace under candidate settings in parallel (`cachalot tune`).
 //!
@@ -34,6 +36,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod input;
 pub mod normalized;
 pub mod ops;
 pub mod pool_calls;

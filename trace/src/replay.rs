@@ -17,7 +17,7 @@ use crate::pool_calls::PoolCall;
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::backend::Backend;
 use cachalot_core::backend::StreamId;
-use cachalot_core::config::{AllocatorConfig, ConfigError};
+use cachalot_core::config::{AllocatorConfig, ConfigError, Policy};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};
 use cachalot_core::sim::SimBackend;
 use cachalot_core::size::{MAX_REQUEST, SMALL_BUFFER, SMALL_SIZE, allocation_size, round_size};
@@ -280,7 +280,7 @@ impl ExpectedRun {
         if !path.exists() {
             return Ok(None);
         }
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        let bytes = crate::input::read(&path).map_err(|e| format!("{}: {}", path.display(), e.reason()))?;
         Self::from_json(&bytes).map(Some).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -740,9 +740,7 @@ fn oom_reservation_addresses(
     at: usize,
 ) -> Vec<u64> {
     let e = &trace[at];
-    let mut probe = allocator.clone();
-    probe.detach_oom_observers();
-    probe.record_history(false, 1, &[], true);
+    let mut probe = allocator.trial_copy(allocator.backend().trial_copy());
     probe.backend_mut().set_reservations_unplanned(true);
     let before = probe.backend().reservations_made();
     let _ = probe.malloc(e.size, e.stream);
@@ -825,15 +823,15 @@ fn released_by_next_malloc(
             if !matches!(request.action, TraceAction::Alloc) {
                 return false;
             }
-            if new_segment_fits(allocator, request.size) {
+            if first_device_allocation_succeeds(allocator, request.size) {
                 // The malloc's first device allocation succeeds, so it releases nothing: no
                 // copy of the allocator is needed to see that (a copy per release run made
                 // replay quadratic in the trace's length on traces that churn segments).
                 return false;
             }
-            let mut probe = allocator.clone();
-            probe.detach_oom_observers();
-            probe.record_history(false, 1, &[], true);
+            // Garbage collection or a refusal would run: the malloc is tried on a copy of the
+            // live state (not of the history or the address plan, which grow with the trace).
+            let mut probe = allocator.trial_copy(allocator.backend().trial_copy());
             let before = probe.stats().num_device_free;
             probe.malloc(request.size, request.stream).is_ok() && probe.stats().num_device_free - before == run as u64
         }
@@ -841,20 +839,40 @@ fn released_by_next_malloc(
     }
 }
 
-/// Whether a malloc of `size` bytes that finds no cached block gets a new segment from the
-/// device at the first try: no memory fraction, no garbage collection and no expandable
-/// segments (each of which has paths of its own before or instead of the device call), and
-/// the simulated device has room for the segment. Such a malloc releases no cached segment.
-fn new_segment_fits(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool {
+/// Whether a malloc of `size` bytes that finds no cached block gets its memory from the device
+/// at the first try, so that it releases no cached segment. It follows the steps of `malloc`
+/// before that first try, each of which could release: the garbage collector (on with a memory
+/// fraction and a threshold) releases nothing while the reserved bytes are within its
+/// threshold; the fraction refuses a segment that would take the reserved bytes past the
+/// allowance; the device refuses what it has no room for. With expandable segments the first
+/// try maps pages for the request, at most its size rounded up to whole pages of its pool
+/// (a page more is asked for, to be sure); under `policy:cachalot` their size is the policy's,
+/// so that case is left to the trial.
+fn first_device_allocation_succeeds(allocator: &CachingAllocator<SimBackend>, size: u64) -> bool {
     let config = allocator.config();
-    if allocator.memory_fraction() < 1.0 || config.garbage_collection_threshold() > 0.0 || config.expandable_segments()
-    {
-        return false;
-    }
+    let reserved = allocator.memory_reserved();
     let rounded = round_size(size, config.roundup_power2_divisions());
     let segment = allocation_size(rounded, config.large_segment_size());
+    if let Some(allowed) = allocator.allowed_memory_maximum() {
+        let threshold = config.garbage_collection_threshold();
+        if threshold > 0.0 && reserved > (threshold * allowed as f64) as u64 {
+            return false;
+        }
+        if reserved.saturating_add(segment) > allowed {
+            return false;
+        }
+    }
+    let needed = if config.expandable_segments() {
+        if config.policy() != Policy::PyTorch {
+            return false;
+        }
+        let page = if rounded <= SMALL_SIZE { SMALL_BUFFER } else { config.large_segment_size() };
+        rounded.div_ceil(page).saturating_add(1).saturating_mul(page)
+    } else {
+        segment
+    };
     let sim = allocator.backend();
-    sim.device().total_memory.saturating_sub(sim.used()) >= segment
+    sim.device().total_memory.saturating_sub(sim.used()) >= needed
 }
 
 /// A VA reservation as the trace shows it: from the `segment_map` that started it to the

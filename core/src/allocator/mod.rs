@@ -264,6 +264,13 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// The bytes the memory fraction allows (PyTorch's `allowed_memory_maximum`), when a
+    /// fraction below 1 is set: a new segment or mapping that would take the device's total
+    /// past it is refused before the device is asked.
+    pub fn allowed_memory_maximum(&self) -> Option<u64> {
+        self.allowed_memory_maximum
+    }
+
     /// All counters (`memory_stats()`).
     pub fn stats(&self) -> &MemoryStats {
         &self.stats
@@ -578,6 +585,41 @@ where
             contexts_used: self.contexts_used,
             gc_clock_started: self.gc_clock_started,
             oom_observers: self.oom_observers.clone(),
+        }
+    }
+}
+
+impl<B: Backend> CachingAllocator<B>
+where
+    B::Event: Clone,
+{
+    /// A copy of the state that decides what the allocator does (blocks, segments, pools,
+    /// events, stats, configuration) over `backend`, for trying an operation without
+    /// committing it. Unlike [`Clone`], it leaves out what only grows with the run's length
+    /// and decides nothing: the history (off in the copy), the stack table, the marks and the
+    /// out-of-memory observers, so a trial costs the live state, not the whole run.
+    pub fn trial_copy(&self, backend: B) -> Self {
+        CachingAllocator {
+            id: self.id,
+            backend,
+            config: self.config.clone(),
+            blocks: self.blocks.clone(),
+            segments: self.segments.clone(),
+            small: self.small.clone(),
+            large: self.large.clone(),
+            events: self.events.clone(),
+            stats: self.stats.clone(),
+            total_allocated_memory: self.total_allocated_memory,
+            allowed_memory_maximum: self.allowed_memory_maximum,
+            recorder: TraceRecorder::default(),
+            contexts: ContextTable::default(),
+            marks: Vec::new(),
+            current_context: self.current_context,
+            current_annotation: self.current_annotation,
+            last_device_limit: self.last_device_limit.clone(),
+            contexts_used: self.contexts_used,
+            gc_clock_started: self.gc_clock_started,
+            oom_observers: OomObservers::default(),
         }
     }
 }

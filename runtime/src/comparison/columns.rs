@@ -87,7 +87,7 @@ impl Column {
 pub fn load(path: &std::path::Path) -> Result<Column, RuntimeError> {
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let input = |message: String| RuntimeError::Input { path: path.display().to_string(), message };
-    let bytes = std::fs::read(path).map_err(|e| input(e.to_string()))?;
+    let bytes = cachalot_trace::input::read(path).map_err(|e| input(e.reason()))?;
     match FileFormat::detect(&bytes) {
         FileFormat::TorchPickle => return from_pickle(name, path, &bytes).map_err(input),
         FileFormat::Cachalot => {}
@@ -217,7 +217,7 @@ fn major_of(gpu: &str) -> Option<i32> {
 fn pytorch_trace_beside(expected: &std::path::Path) -> Option<Vec<TraceEntry>> {
     let file = expected.file_name()?.to_str()?;
     let stem = file.strip_suffix(".expected.json")?;
-    let bytes = std::fs::read(expected.with_file_name(format!("{stem}.pickle"))).ok()?;
+    let bytes = cachalot_trace::input::read(&expected.with_file_name(format!("{stem}.pickle"))).ok()?;
     let snapshot = cachalot_trace::snapshot::pickle::read_snapshot(&bytes).ok()?;
     snapshot.device_traces.into_iter().next()
 }

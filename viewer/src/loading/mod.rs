@@ -95,7 +95,9 @@ impl Loader {
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let job_name = name.clone();
         self.spawn(name, move |progress| {
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+            // Within the size limit every reader applies (CACHALOT_MAX_INPUT_BYTES).
+            let bytes =
+                cachalot_trace::input::read(&path).map_err(|e| format!("{}: {}", path.display(), e.reason()))?;
             load_bytes(&job_name, &bytes, progress).map_err(|e| e.to_string())
         })
     }
