@@ -51,6 +51,8 @@ pub use cachalot_trace::rebuild::{Anomaly, Block, NO_EVENT, PoolState, Rules, Se
 /// of a millisecond); with 1024, opening the 3M-entry pickle took 0.24 GB more memory and 15-25 %
 /// more CPU time, copying states for checkpoints (BENCHMARKS.md §12).
 const CHECKPOINT_MIN: usize = 4096;
+/// Entries to replay beyond which a seek to the newest moment copies the head state instead.
+const HEAD_COPY_ENTRIES: usize = 256;
 /// Anomalies kept (the count goes on).
 const ANOMALIES_KEPT: usize = 100;
 
@@ -404,7 +406,14 @@ impl Run {
             Some(_) => cache.index <= target && cache.index >= checkpoint.index,
             None => false,
         };
-        if !reuse {
+        let behind = if reuse { target - cache.index } else { target - checkpoint.index };
+        if target == self.processed && behind > HEAD_COPY_ENTRIES {
+            // The newest moment, where a live run's views are: the head is that state already,
+            // and copying it is cheaper than replaying every entry that arrived since the last
+            // frame a second time.
+            cache.state = Some(self.head.clone());
+            cache.index = target;
+        } else if !reuse {
             cache.state = Some(checkpoint.state.clone());
             cache.index = checkpoint.index;
         }
