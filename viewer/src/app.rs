@@ -203,7 +203,8 @@ impl ViewerApp {
             ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
         if self.tabs.iter().any(|t| t.catching_up()) {
-            // The experiment sends nothing more: the frames that take its backlog in are asked for here.
+            // The experiment sends nothing more: the frames that take in its backlog are asked
+            // for here.
             ctx.request_repaint();
         }
     }

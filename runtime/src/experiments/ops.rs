@@ -28,6 +28,7 @@ pub struct OpsParams {
 /// get to draw while a long one runs.
 const OPS_PER_YIELD: usize = 20_000;
 /// Ops between two pauses of a paced run.
+#[cfg(not(target_arch = "wasm32"))]
 const OPS_PER_PACE: usize = 500;
 
 /// Runs `ops` on `rt`, reading the op file at `params.path`.
@@ -48,6 +49,8 @@ pub async fn run_text(rt: &Runtime, params: &OpsParams, text: &str) -> Result<Ou
     // The time spent running ops, not the pauses at `yield_now` (where a page draws).
     let mut elapsed = std::time::Duration::ZERO;
     let mut start = Instant::now();
+    // A paced run's schedule starts here (natively: the browser has no thread to sleep).
+    #[cfg(not(target_arch = "wasm32"))]
     let began = start;
     for (i, op) in file.ops.iter().enumerate() {
         match *op {
