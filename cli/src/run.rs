@@ -230,7 +230,7 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
             })
         }
         ExperimentCommand::Ops { file, mark_every } => {
-            Experiment::Ops(OpsParams { path: file.display().to_string(), mark_every: *mark_every })
+            Experiment::Ops(OpsParams { path: file.display().to_string(), mark_every: *mark_every, ops_per_second: 0 })
         }
     })
 }

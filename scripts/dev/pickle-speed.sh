@@ -30,6 +30,8 @@ cargo build --release --quiet -p cachalot-cli
 bin=$root/target/release
 commands=(python general stream replay)
 [[ ${VIEW:-1} == 0 ]] || commands+=(view)
+# COMMANDS="python view" runs only those (python must be among them: it is the reference).
+[[ -z ${COMMANDS:-} ]] || read -r -a commands <<<"$COMMANDS"
 
 run() { # NAME FILE -> "wall-seconds kilobytes cpu-seconds" of the command NAME on FILE
     local name=$1 file=$2
@@ -50,12 +52,17 @@ run() { # NAME FILE -> "wall-seconds kilobytes cpu-seconds" of the command NAME 
 }
 
 declare -A best_s best_kb best_cpu
+ratios=$(mktemp)
 for entries in "${sizes[@]}"; do
     file=$tmp/trace-$entries.pickle
     "$bin/examples/synthetic_trace" "$entries" "$file" 2>/dev/null
-    for _ in $(seq "$rounds"); do
+    for round in $(seq "$rounds"); do
         for name in "${commands[@]}"; do
             read -r s kb cpu < <(run "$name" "$file")
+            # Each round's ratios to that round's python run, for the medians at the end.
+            [[ $name == python ]] && { round_s=$s; round_cpu=$cpu; }
+            awk -v e="$entries" -v n="$name" -v r="$round" -v s="$s" -v c="$cpu" -v ps="$round_s" -v pc="$round_cpu" \
+                'BEGIN { printf "%s %s %s %.3f %.3f\n", e, n, r, s / ps, c / pc }' >>"$ratios"
             key=$name/$entries
             if [[ -z ${best_s[$key]:-} ]] || awk -v a="$s" -v b="${best_s[$key]}" 'BEGIN { exit !(a < b) }'; then
                 best_s[$key]=$s
@@ -67,6 +74,20 @@ for entries in "${sizes[@]}"; do
     best_kb[size/$entries]=$(stat -c %s "$file")
     rm -f "$file"
 done
+
+# The median over the rounds of each command's ratio to python's run of the same round.
+echo "Per round, the ratio to python's run of the same round (wall, CPU); the median of the rounds:"
+for entries in "${sizes[@]}"; do
+    for name in "${commands[@]}"; do
+        [[ $name == python ]] && continue
+        walls=$(awk -v e="$entries" -v n="$name" '$1 == e && $2 == n { print $4 }' "$ratios" | sort -n | tr '\n' ' ')
+        cpus=$(awk -v e="$entries" -v n="$name" '$1 == e && $2 == n { print $5 }' "$ratios" | sort -n | tr '\n' ' ')
+        median() { echo "$1" | awk '{ printf "%.2f", ($0 == "") ? 0 : (NF % 2 ? $((NF + 1) / 2) : ($(NF / 2) + $(NF / 2 + 1)) / 2) }'; }
+        echo "$entries $name: wall ${walls}-> median $(median "$walls"); CPU ${cpus}-> median $(median "$cpus")"
+    done
+done
+rm -f "$ratios"
+echo
 
 first=${sizes[0]}
 echo "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%d), best wall time of $rounds rounds"

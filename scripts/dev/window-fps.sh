@@ -13,7 +13,7 @@
 #
 # Environment: CACHALOT (the binary; default target/release/cachalot), WAIT (seconds to let the
 # file load before dragging; default 6), DRAG_Y (the height the mouse drags at; default 170, the
-# timeline's plot). Needs Xvfb and xdotool.
+# timeline's plot), DRAG_SECONDS (how long the drag lasts; default 8). Needs Xvfb and xdotool.
 #
 # The Memory view (Active Memory Timeline over the peak analysis), dragged in its picture:
 #   DRAG_Y=420 scripts/dev/window-fps.sh FILE --view memory
@@ -49,18 +49,34 @@ if [[ " $* " == *" --run "* ]]; then
 fi
 sleep "${WAIT:-6}"
 # Drag across the timeline's plot (the window is 1400x900; the plot sits at y = 100..240), or
-# at DRAG_Y (the Memory view's picture spans about y = 320..560).
+# at DRAG_Y (the Memory view's picture spans about y = 320..560): one xdotool process moves the
+# mouse every 10 ms for DRAG_SECONDS (default 8), back and forth, so that the rate of the moves
+# does not depend on how fast processes start on a loaded machine.
 y=${DRAG_Y:-170}
-xdotool mousemove 300 "$y" mousedown 1
-for x in $(seq 300 4 1300); do
-    xdotool mousemove "$x" "$y"
-    sleep 0.01
+moves=$(awk -v s="${DRAG_SECONDS:-8}" 'BEGIN { print int(s * 100) }')
+chain=(mousemove 300 "$y" mousedown 1)
+for i in $(seq "$moves"); do
+    x=$(( 300 + (i * 4) % 2000 ))
+    (( x > 1300 )) && x=$(( 2300 - x ))
+    chain+=(mousemove "$x" "$y" sleep 0.01)
 done
-xdotool mouseup 1
+chain+=(mouseup 1)
+drag_start=$(date +%s.%N)
+xdotool "${chain[@]}"
+drag_end=$(date +%s.%N)
 sleep 2.5
 kill "$app" 2>/dev/null || { echo "window-fps.sh: the viewer exited early:" >&2; cat "$log" >&2; exit 1; }
 wait "$app" 2>/dev/null || true
 # What the app said (e.g. which renderer draws the window), then its frame counts: it prints
-# one every two seconds, and the last two cover the drag.
+# one every two seconds, ending "(S s until T)"; those whose seconds lie inside the drag are
+# shown, and their median.
 grep -v "frames/s" "$log" || true
-grep "frames/s" "$log" | tail -n 2
+inside=$(grep "frames/s" "$log" | awk -v a="$drag_start" -v b="$drag_end" '{
+    until = $NF; sub(/\)/, "", until); seconds = $(NF - 3); sub(/\(/, "", seconds)
+    if (until - seconds >= a && until <= b) print
+}')
+[[ -n $inside ]] || { echo "window-fps.sh: no report fell inside the drag:" >&2; grep "frames/s" "$log" >&2; exit 1; }
+echo "$inside"
+echo "$inside" | awk '{ print $2 }' | sort -n | awk -v d="$(awk -v a="$drag_start" -v b="$drag_end" 'BEGIN { printf "%.1f", b - a }')" '
+    { v[NR] = $1 }
+    END { printf "median of %d reports inside the %s s drag: %.1f frames/s\n", NR, d, (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'

@@ -221,6 +221,11 @@ impl ViewerApp {
         if !self.loader.is_empty() || self.has_live_runs() {
             ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
+        if self.tabs.iter().any(|t| t.catching_up()) {
+            // The experiment sends nothing more: the frames that take in its backlog are asked
+            // for here.
+            ctx.request_repaint();
+        }
     }
 
     /// The whole UI (eframe's `App::ui` calls this; tests and the benchmark call it directly).

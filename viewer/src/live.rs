@@ -20,6 +20,7 @@
 //! through `cachalot_runtime::stream`. [`save`] turns a finished run back into a file: a
 //! cachalot snapshot or a PyTorch snapshot pickle.
 
+pub mod ingest;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod runtime;
 pub mod save;
@@ -64,6 +65,9 @@ pub enum LiveEvent {
     Failed(String),
 }
 
+/// The longest a live run's news waits for a frame (60 frames/s).
+const LIVE_FRAME: std::time::Duration = std::time::Duration::from_millis(16);
+
 /// The hold of a run that is not asked to pause.
 const NO_HOLD: u64 = u64::MAX;
 
@@ -103,11 +107,13 @@ pub fn channel() -> (LiveSender, LiveRun) {
 }
 
 impl LiveSender {
-    /// Sends an event (and wakes the viewer up).
+    /// Sends an event (and wakes the viewer up within a frame at 60 frames/s: a run streams
+    /// hundreds of batches a second, and a repaint for each would draw as many frames, each
+    /// taking CPU time from the run).
     pub fn send(&self, event: LiveEvent) {
         let _ = self.sender.send(event);
         if let Some(ctx) = &self.repaint {
-            ctx.request_repaint();
+            ctx.request_repaint_after(LIVE_FRAME);
         }
     }
 

@@ -16,7 +16,8 @@ use crate::app::ViewerApp;
 use crate::tabs::View;
 
 /// Prints frames per second and the slowest frame every two seconds (with
-/// `CACHALOT_FRAME_STATS=1`), to check how the window keeps up on a given machine.
+/// `CACHALOT_FRAME_STATS=1`), to check how the window keeps up on a given machine; each report
+/// ends with the seconds it covers and when they ended (seconds since the Unix epoch).
 struct FrameStats {
     app: ViewerApp,
     window_start: web_time::Instant,
@@ -38,8 +39,12 @@ impl eframe::App for FrameStats {
                 Some(tab) if tab.live.is_some() => format!(", live run: {} entries", tab.run.trace.len()),
                 _ => String::new(),
             };
+            // When the two seconds ended, on the wall clock, so that a script driving the window
+            // (scripts/dev/window-fps.sh) can keep the reports that fall inside its mouse drag.
+            let until =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             eprintln!(
-                "cachalot: {:.1} frames/s, slowest frame interval {:.1} ms{live}",
+                "cachalot: {:.1} frames/s, slowest frame interval {:.1} ms{live} ({elapsed:.2} s until {until:.3})",
                 f64::from(self.frames) / elapsed,
                 self.slowest * 1000.0
             );
@@ -182,10 +187,30 @@ pub fn harness(
     })
 }
 
-/// Renders `app` headless and writes a PNG.
-pub fn screenshot(mut app: ViewerApp, options: &ScreenshotOptions, out: &Path) -> Result<(), String> {
+/// Renders `app` headless and writes a PNG, once the files it is loading are loaded; returns
+/// the app. Fails if nothing could be opened (the message says why).
+///
+/// The renderer starts while the files load on their threads, and draws one frame of the
+/// loading window then: starting wgpu on lavapipe and compiling its shaders for the first
+/// picture take most of a second, which used to come after the load.
+pub fn screenshot(app: ViewerApp, options: &ScreenshotOptions, out: &Path) -> Result<ViewerApp, String> {
+    let mut harness = harness(app, options.size, options.pixels_per_point, false);
+    harness.step();
+    harness.render()?;
+    let app = harness.state_mut();
     app.wait_for_loads();
+    if app.tabs.is_empty() {
+        let errors: Vec<&str> = app.notices.iter().filter(|n| n.error).map(|n| n.text.as_str()).collect();
+        return Err(match errors.is_empty() {
+            true => "nothing could be opened".into(),
+            false => format!("nothing could be opened: {}", errors.join("; ")),
+        });
+    }
     app.view = options.view;
+    if options.view == View::SideBySide && app.tabs.len() >= 2 {
+        app.side_by_side.a = 0;
+        app.side_by_side.b = 1;
+    }
     if let Some(cursor) = options.cursor {
         for tab in &mut app.tabs {
             tab.cursor = cursor.min(tab.run.end());
@@ -195,11 +220,11 @@ pub fn screenshot(mut app: ViewerApp, options: &ScreenshotOptions, out: &Path) -
         // The picture of the Tune tab is of its search's result.
         app.tune_shown_run();
     }
-    let mut harness = harness(app, options.size, options.pixels_per_point, false);
     // A few frames: panels settle their sizes and the plot its bounds.
     harness.run_steps(4);
     let image = harness.render()?;
-    image.save(out).map_err(|e| format!("{}: {e}", out.display()))
+    image.save(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(harness.into_state())
 }
 
 /// Benchmark results.

@@ -4,6 +4,7 @@
 
 use crate::events::EventsState;
 use crate::format;
+use crate::live::ingest::{Backlog, CATCH_UP_BUDGET, RUNNING_BUDGET};
 use crate::live::{LiveEvent, LiveRun};
 use crate::memory_timeline::MemoryTimelineState;
 use crate::model::{Rules, Run, RunKind, StateCache, Verification};
@@ -85,6 +86,11 @@ pub struct RunTab {
     /// What a live experiment sent when it ended (its end state and facts; the trace came
     /// entry by entry): what [`crate::live::save`] writes with the received trace.
     pub end_snapshot: Option<Box<cachalot_trace::Snapshot>>,
+    /// What the live experiment sent that the run has not taken in yet ([`Backlog`]).
+    backlog: Backlog,
+    /// Whether the live experiment ended (finished or failed); the tab stays live until its
+    /// backlog is taken in.
+    live_ended: bool,
 }
 
 impl RunTab {
@@ -104,6 +110,8 @@ impl RunTab {
             memory: MemoryTimelineState::default(),
             peak: PeakAnalysisState::default(),
             end_snapshot: None,
+            backlog: Backlog::default(),
+            live_ended: false,
         }
     }
 
@@ -116,14 +124,21 @@ impl RunTab {
         tab
     }
 
-    /// Takes in what the live experiment sent since the last call, if one feeds this tab, and
-    /// lets go of it once it finished or failed. Returns the messages for the bottom of the
-    /// window.
+    /// Whether the live experiment ended but the run is still taking in what it sent.
+    pub fn catching_up(&self) -> bool {
+        self.live.is_some() && self.live_ended
+    }
+
+    /// Takes in what the live experiment sent since the last call, if one feeds this tab,
+    /// within a time budget ([`crate::live::ingest`]), and lets go of it once it finished or
+    /// failed and all it sent is in the run. Returns the messages for the bottom of the window.
     pub fn poll_live(&mut self) -> Vec<Notice> {
         let mut notices = Vec::new();
         let Some(live) = &mut self.live else { return notices };
         let (events, connected) = live.poll();
-        let mut done = !connected;
+        if !connected {
+            self.live_ended = true;
+        }
         for event in events {
             match event {
                 LiveEvent::Start { name, device, settings } => {
@@ -136,6 +151,7 @@ impl RunTab {
                     run.device = Some(device);
                     run.settings = settings;
                     self.run = run;
+                    self.backlog.clear();
                     self.cache.clear();
                 }
                 LiveEvent::Stack { id, frames } => {
@@ -144,8 +160,8 @@ impl RunTab {
                         notices.push(Notice::error(format!("{}: stack {} arrived as {}", self.run.name, id.0, got.0)));
                     }
                 }
-                LiveEvent::Entries(entries) => self.run.extend(entries),
-                LiveEvent::Mark(mark) => self.run.marks.push(mark),
+                LiveEvent::Entries(entries) => self.backlog.push_entries(entries),
+                LiveEvent::Mark(mark) => self.backlog.push_mark(mark),
                 LiveEvent::Finished(snapshot) => {
                     // A run that stopped early says why in its facts (`cachalot-runtime`'s record).
                     let stopped = snapshot.as_ref().and_then(|s| {
@@ -156,8 +172,8 @@ impl RunTab {
                         self.run.recorded_stats = Some(snapshot.stats.clone());
                         self.end_snapshot = Some(snapshot);
                     }
-                    done = true;
-                    let entries = format::count(self.run.trace.len() as u64);
+                    self.live_ended = true;
+                    let entries = format::count((self.run.trace.len() + self.backlog.entries()) as u64);
                     notices.push(match stopped {
                         Some(why) => {
                             Notice::error(format!("{}: ended early after {entries} entries: {why}", self.run.name))
@@ -166,13 +182,17 @@ impl RunTab {
                     });
                 }
                 LiveEvent::Failed(message) => {
-                    done = true;
+                    self.live_ended = true;
                     notices.push(Notice::error(format!("{}: {message}", self.run.name)));
                 }
             }
         }
+        let budget = if self.live_ended { CATCH_UP_BUDGET } else { RUNNING_BUDGET };
+        self.backlog.ingest(&mut self.run, budget);
+        let done = self.live_ended && self.backlog.is_empty();
         if done {
             self.live = None;
+            self.live_ended = false;
             self.run.finish();
             self.cache.clear();
         }

@@ -169,7 +169,7 @@ impl Settings {
             }
             Kind::Ops => {
                 let (name, _) = self.ops.as_ref().ok_or("ops: choose an op file first")?;
-                Experiment::Ops(OpsParams { path: name.clone(), mark_every: 0 })
+                Experiment::Ops(OpsParams { path: name.clone(), mark_every: 0, ops_per_second: 0 })
             }
         })
     }

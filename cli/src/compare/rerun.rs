@@ -68,7 +68,7 @@ mod tests {
         assert!(beyond_limits(&Experiment::MlpTrain(steps)).unwrap().contains("4000000000 training steps"));
         let wide = MlpParams { widths: vec![1 << 40, 10], ..MlpParams::default() };
         assert!(beyond_limits(&Experiment::MlpTrain(wide)).is_some());
-        let ops = OpsParams { path: "/dev/zero".into(), mark_every: 0 };
+        let ops = OpsParams { path: "/dev/zero".into(), mark_every: 0, ops_per_second: 0 };
         assert!(beyond_limits(&Experiment::Ops(ops)).unwrap().contains("/dev/zero"));
     }
 }

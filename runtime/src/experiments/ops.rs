@@ -17,11 +17,19 @@ pub struct OpsParams {
     pub path: String,
     /// A mark every this many ops (0: only at the end).
     pub mark_every: usize,
+    /// Ops per second to run at, sleeping between steps (0: as fast as possible): a run paced
+    /// like a real job, for measuring what watching it costs (`cachalot view --bench-live`).
+    /// The sleeps are not counted in the op loop's time. Ignored in the browser.
+    #[serde(default)]
+    pub ops_per_second: u64,
 }
 
 /// Ops run between two [`Runtime::yield_now`]s: an op file has no readbacks, and a page must
 /// get to draw while a long one runs.
 const OPS_PER_YIELD: usize = 20_000;
+/// Ops between two pauses of a paced run.
+#[cfg(not(target_arch = "wasm32"))]
+const OPS_PER_PACE: usize = 500;
 
 /// Runs `ops` on `rt`, reading the op file at `params.path`.
 pub async fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
@@ -41,6 +49,9 @@ pub async fn run_text(rt: &Runtime, params: &OpsParams, text: &str) -> Result<Ou
     // The time spent running ops, not the pauses at `yield_now` (where a page draws).
     let mut elapsed = std::time::Duration::ZERO;
     let mut start = Instant::now();
+    // A paced run's schedule starts here (natively: the browser has no thread to sleep).
+    #[cfg(not(target_arch = "wasm32"))]
+    let began = start;
     for (i, op) in file.ops.iter().enumerate() {
         match *op {
             Op::Alloc { id, size, .. } => live[id as usize] = Some(rt.raw(size)?),
@@ -53,6 +64,16 @@ pub async fn run_text(rt: &Runtime, params: &OpsParams, text: &str) -> Result<Ou
             elapsed += start.elapsed();
             rt.yield_now().await;
             start = Instant::now();
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if params.ops_per_second > 0 && (i + 1) % OPS_PER_PACE == 0 {
+            let due = began + std::time::Duration::from_secs_f64((i + 1) as f64 / params.ops_per_second as f64);
+            let now = Instant::now();
+            if due > now {
+                elapsed += now - start;
+                std::thread::sleep(due - now);
+                start = Instant::now();
+            }
         }
     }
     elapsed += start.elapsed();

@@ -148,7 +148,7 @@ fn matmul_sweep_checks_every_layout_on_the_simulator() {
 fn the_ops_experiment_replays_an_op_file() {
     let path = std::env::temp_dir().join(format!("cachalot-runtime-test-{}.ops", std::process::id()));
     std::fs::write(&path, "# test\na 0 4\na 1 3000000\na 2 25165824 7\nf 1\na 3 1000\nf 0\n").unwrap();
-    let experiment = Experiment::Ops(OpsParams { path: path.display().to_string(), mark_every: 2 });
+    let experiment = Experiment::Ops(OpsParams { path: path.display().to_string(), mark_every: 2, ops_per_second: 0 });
     let on_cuda = common::run(&experiment, common::sim(SimProfile::cuda_sm90(), false));
     let on_queue = common::run(&experiment, common::sim(SimProfile::wgpu(), false));
     let _ = std::fs::remove_file(&path);

@@ -14,7 +14,7 @@
 //! - the allocated, active and reserved bytes after every entry ([`Series`]: 24 bytes per
 //!   entry, with a min/max pyramid for drawing);
 //! - a checkpoint — a full copy of the segments, blocks and `memory_stats()` — every
-//!   `max(1024, blocks / 2)` entries, so that checkpoints cost memory in proportion to the
+//!   `max(4096, blocks / 2)` entries, so that checkpoints cost memory in proportion to the
 //!   trace rather than to blocks × entries;
 //! - the few entries where the heuristic counters (`num_alloc_retries`,
 //!   `num_sync_all_streams`, which no trace entry records) move.
@@ -47,8 +47,12 @@ pub use series::{Band, Outline, Series};
 // model's vocabulary (what `Run::seek` returns, what the panels draw).
 pub use cachalot_trace::rebuild::{Anomaly, Block, NO_EVENT, PoolState, Rules, Segment};
 
-/// Fewest entries between two checkpoints.
-const CHECKPOINT_MIN: usize = 1024;
+/// Fewest entries between two checkpoints. A seek replays at most this many entries (a fraction
+/// of a millisecond); with 1024, opening the 3M-entry pickle took 0.24 GB more memory and 15-25 %
+/// more CPU time, copying states for checkpoints (BENCHMARKS.md §12).
+const CHECKPOINT_MIN: usize = 4096;
+/// Entries to replay beyond which a seek to the newest moment copies the head state instead.
+const HEAD_COPY_ENTRIES: usize = 256;
 /// Anomalies kept (the count goes on).
 const ANOMALIES_KEPT: usize = 100;
 
@@ -402,7 +406,14 @@ impl Run {
             Some(_) => cache.index <= target && cache.index >= checkpoint.index,
             None => false,
         };
-        if !reuse {
+        let behind = if reuse { target - cache.index } else { target - checkpoint.index };
+        if target == self.processed && behind > HEAD_COPY_ENTRIES {
+            // The newest moment, where a live run's views are: the head is that state already,
+            // and copying it is cheaper than replaying every entry that arrived since the last
+            // frame a second time.
+            cache.state = Some(self.head.clone());
+            cache.index = target;
+        } else if !reuse {
             cache.state = Some(checkpoint.state.clone());
             cache.index = checkpoint.index;
         }
@@ -578,7 +589,9 @@ mod tests {
             theirs.remove(key);
         }
         assert_eq!(ours, theirs);
-        assert!(run.checkpoint_count() > 2);
+        // The start, and one at least every CHECKPOINT_MIN entries (blocks / 2 is smaller here).
+        assert!(run.trace.len() > CHECKPOINT_MIN, "the test should take a checkpoint");
+        assert_eq!(run.checkpoint_count(), 1 + run.trace.len() / CHECKPOINT_MIN);
         assert_eq!(run.markers.empty_cache.len(), 1);
     }
 

@@ -5,8 +5,12 @@
 //! on this thread, as a window's would, and each frame's work is timed.
 //!
 //! Reported: the run's op loop unwatched and watched (the runtime's own "ops" timing, the
-//! same number `cachalot run ops` prints) and their ratio, the events per second the watched
-//! run streamed, and the frame times while it did.
+//! same number `cachalot run ops` prints) and their ratio, the CPU time of the thread that ran
+//! the run (the work being watched adds to the run itself, whatever else shares the cores),
+//! the events per second the watched run streamed, and the frame times while it did.
+//!
+//! With a pace (`ops_per_second`), both runs sleep between steps to hold that rate, as a real
+//! job's allocations come; the op loop's time then counts the work between the sleeps.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +18,7 @@ use cachalot_runtime::experiments::OpsParams;
 use cachalot_runtime::{BackendRequest, DeviceOptions, Experiment as RuntimeRun, execute};
 
 use crate::app::ViewerApp;
-use crate::live::Experiment;
+use crate::live::channel;
 use crate::live::runtime::RuntimeExperiment;
 
 /// A window's frame interval (60 frames per second).
@@ -27,6 +31,14 @@ pub struct LiveBenchRound {
     pub unwatched_seconds: f64,
     /// Seconds of the watched run's op loop.
     pub watched_seconds: f64,
+    /// CPU seconds of the thread that ran the unwatched run (the op file read, the op loop, the
+    /// end).
+    pub unwatched_cpu_seconds: f64,
+    /// The same for the watched run.
+    pub watched_cpu_seconds: f64,
+    /// Wall seconds of the watched run, from its start to its end (sleeps of a paced run
+    /// included).
+    pub watched_wall_seconds: f64,
     /// Trace entries of the run.
     pub entries: usize,
     /// Seconds of work of every frame drawn while the run streamed (and until the app had
@@ -41,6 +53,8 @@ pub struct LiveBenchRound {
 pub struct LiveBenchReport {
     /// Operations of the op file.
     pub ops: usize,
+    /// The pace of the runs in ops per second (0: as fast as they go).
+    pub ops_per_second: u64,
     /// The rounds.
     pub rounds: Vec<LiveBenchRound>,
 }
@@ -60,17 +74,27 @@ impl LiveBenchReport {
     /// Human-readable lines.
     pub fn lines(&self) -> Vec<String> {
         let ms = |s: f64| s * 1000.0;
-        let mut lines =
-            vec![format!("op file: {} ops on the simulator (no kernels), {} rounds", self.ops, self.rounds.len())];
+        let pace = match self.ops_per_second {
+            0 => "as fast as it goes".to_owned(),
+            n => format!("paced at {n} ops/s"),
+        };
+        let mut lines = vec![format!(
+            "op file: {} ops on the simulator (no kernels), {pace}, {} rounds",
+            self.ops,
+            self.rounds.len()
+        )];
         for (i, r) in self.rounds.iter().enumerate() {
             let fps = r.frame_seconds.len() as f64 / r.streamed_seconds.max(1e-9);
             lines.push(format!(
-                "round {}: unwatched {:.3} s, watched {:.3} s (x{:.3}), {:.0} events/s streamed; {} frames in {:.2} s ({:.0} frames/s), frame work median {:.1} ms, p95 {:.1} ms, max {:.1} ms",
+                "round {}: op loop unwatched {:.3} s, watched {:.3} s (x{:.3}); run thread CPU {:.3} s, {:.3} s (x{:.3}); {:.0} events/s streamed; {} frames in {:.2} s ({:.0} frames/s), frame work median {:.1} ms, p95 {:.1} ms, max {:.1} ms",
                 i + 1,
                 r.unwatched_seconds,
                 r.watched_seconds,
                 r.watched_seconds / r.unwatched_seconds.max(1e-9),
-                r.entries as f64 / r.watched_seconds.max(1e-9),
+                r.unwatched_cpu_seconds,
+                r.watched_cpu_seconds,
+                r.watched_cpu_seconds / r.unwatched_cpu_seconds.max(1e-9),
+                r.entries as f64 / r.watched_wall_seconds.max(1e-9),
                 r.frame_seconds.len(),
                 r.streamed_seconds,
                 fps,
@@ -80,12 +104,14 @@ impl LiveBenchReport {
             ));
         }
         let ratio = median(self.rounds.iter().map(|r| r.watched_seconds / r.unwatched_seconds.max(1e-9)).collect());
-        let rate = median(self.rounds.iter().map(|r| r.entries as f64 / r.watched_seconds.max(1e-9)).collect());
+        let cpu =
+            median(self.rounds.iter().map(|r| r.watched_cpu_seconds / r.unwatched_cpu_seconds.max(1e-9)).collect());
+        let rate = median(self.rounds.iter().map(|r| r.entries as f64 / r.watched_wall_seconds.max(1e-9)).collect());
         let frames: Vec<f64> = self.rounds.iter().flat_map(|r| r.frame_seconds.iter().copied()).collect();
         let fps =
             median(self.rounds.iter().map(|r| r.frame_seconds.len() as f64 / r.streamed_seconds.max(1e-9)).collect());
         lines.push(format!(
-            "median: watched / unwatched = {ratio:.3}; {rate:.0} events/s streamed; {fps:.0} frames/s drawn (paced at 60), frame work p95 {:.1} ms (the UI could hold {:.0} frames/s)",
+            "median: watched / unwatched = {ratio:.3} (op loop), {cpu:.3} (run thread CPU); {rate:.0} events/s streamed; {fps:.0} frames/s drawn (paced at 60), frame work p95 {:.1} ms (the UI could hold {:.0} frames/s)",
             ms(percentile(&frames, 0.95)),
             1.0 / percentile(&frames, 0.95).max(1e-9)
         ));
@@ -122,17 +148,18 @@ pub fn live_bench_ops(ops: usize) -> String {
     text
 }
 
-/// Runs the benchmark: an op file of `ops` operations, `rounds` rounds, frames of `size` points.
-pub fn bench_live(ops: usize, rounds: usize, size: egui::Vec2) -> Result<LiveBenchReport, String> {
+/// Runs the benchmark: an op file of `ops` operations run at `ops_per_second` (0: as fast as
+/// it goes), `rounds` rounds, frames of `size` points.
+pub fn bench_live(ops: usize, ops_per_second: u64, rounds: usize, size: egui::Vec2) -> Result<LiveBenchReport, String> {
     let dir = std::env::temp_dir().join(format!("cachalot-bench-live-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let path = dir.join("live.ops");
     std::fs::write(&path, live_bench_ops(ops)).map_err(|e| e.to_string())?;
-    let experiment = RuntimeRun::Ops(OpsParams { path: path.display().to_string(), mark_every: 0 });
+    let experiment = RuntimeRun::Ops(OpsParams { path: path.display().to_string(), mark_every: 0, ops_per_second });
     let options = DeviceOptions { backend: BackendRequest::Sim, compute: false, ..Default::default() };
     let result = (0..rounds.max(1)).map(|_| round(&experiment, &options, size)).collect::<Result<Vec<_>, _>>();
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(LiveBenchReport { ops, rounds: result? })
+    Ok(LiveBenchReport { ops, ops_per_second, rounds: result? })
 }
 
 /// The op loop's seconds in a run's timings.
@@ -144,15 +171,39 @@ fn ops_seconds(timings: &[cachalot_trace::snapshot::Timing]) -> Result<f64, Stri
         .ok_or_else(|| "the run recorded no op loop time".into())
 }
 
+/// CPU seconds the calling thread has used.
+fn thread_cpu_seconds() -> f64 {
+    let mut time = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `time` is a valid timespec for the call to write; the thread's CPU clock always
+    // exists on Linux (on failure `time` stays zero and the figure reads 0).
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) };
+    time.tv_sec as f64 + time.tv_nsec as f64 * 1e-9
+}
+
 fn round(experiment: &RuntimeRun, options: &DeviceOptions, size: egui::Vec2) -> Result<LiveBenchRound, String> {
+    let cpu = thread_cpu_seconds();
     let unwatched = execute(experiment, options).map_err(|e| e.to_string())?;
+    let unwatched_cpu_seconds = thread_cpu_seconds() - cpu;
     let unwatched_seconds = ops_seconds(&unwatched.snapshot.timings)?;
     drop(unwatched);
 
     let ctx = egui::Context::default();
     ViewerApp::setup(&ctx);
     let mut app = ViewerApp::new();
-    app.add_live(RuntimeExperiment::new(experiment.clone(), options.clone()).start("sim", &ctx)?);
+    // The watched run on a thread of this benchmark (as `RuntimeExperiment::start` would run it),
+    // so that the thread's CPU time can be read at its end.
+    let (sender, live) = channel();
+    let sender = sender.with_repaint(ctx.clone());
+    let watched = RuntimeExperiment::new(experiment.clone(), options.clone());
+    let worker = std::thread::Builder::new()
+        .name("cachalot-live".into())
+        .spawn(move || {
+            let (cpu, wall) = (thread_cpu_seconds(), Instant::now());
+            watched.run(BackendRequest::Sim, sender);
+            (thread_cpu_seconds() - cpu, wall.elapsed().as_secs_f64())
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    app.add_live(live);
     let input = |t: f64| egui::RawInput {
         screen_rect: Some(egui::Rect::from_min_size(egui::Pos2::ZERO, size)),
         time: Some(t),
@@ -179,11 +230,16 @@ fn round(experiment: &RuntimeRun, options: &DeviceOptions, size: egui::Vec2) -> 
         }
     }
     let streamed_seconds = started.elapsed().as_secs_f64();
+    let (watched_cpu_seconds, watched_wall_seconds) =
+        worker.join().map_err(|_| "the watched run's thread panicked".to_owned())?;
     let tab = app.active_tab().ok_or("no run was started")?;
     let end = tab.end_snapshot.as_ref().ok_or_else(|| format!("the watched run failed: {:?}", app.notices))?;
     Ok(LiveBenchRound {
         unwatched_seconds,
         watched_seconds: ops_seconds(&end.timings)?,
+        unwatched_cpu_seconds,
+        watched_cpu_seconds,
+        watched_wall_seconds,
         entries: tab.run.trace.len(),
         frame_seconds,
         streamed_seconds,
