@@ -273,7 +273,7 @@ impl RunSettings {
                 let text = std::fs::read_to_string(path).map_err(|e| format!("op file {path}: {e}"))?;
                 OpFile::parse(&text).map_err(|e| format!("op file {path}: {e}"))?;
                 let mark_every = number("mark every", &self.mark_every, "a number of ops")?;
-                Experiment::Ops(OpsParams { path: path.to_owned(), mark_every })
+                Experiment::Ops(OpsParams { path: path.to_owned(), mark_every, ops_per_second: 0 })
             }
         };
         Ok(RuntimeExperiment::new(experiment, options))
