@@ -157,32 +157,15 @@ pub struct SweepArgs {
     pub seed: u64,
 }
 
-/// Parses `4096`, `64MiB`, `4GiB`, `1.5GB`.
+/// Parses `4096`, `64MiB`, `4GiB`, `1.5GB` ([`cachalot_core::size::parse_bytes`]), with the
+/// command line's messages.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a size"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "kb" => 1000,
-        "m" | "mib" => 1 << 20,
-        "mb" => 1_000_000,
-        "g" | "gib" => 1 << 30,
-        "gb" => 1_000_000_000,
-        "t" | "tib" => 1 << 40,
-        other => return Err(format!("unknown unit '{other}' in '{text}'")),
-    };
-    // The cast would saturate silently; nothing PyTorch can allocate is larger than 1 EiB.
-    let bytes = value * scale as f64;
-    if !(bytes.is_finite() && bytes <= cachalot_core::size::MAX_REQUEST as f64) {
-        return Err(format!(
-            "'{text}' bytes is larger than any device (at most 1 EiB = {} bytes)",
-            cachalot_core::size::MAX_REQUEST
-        ));
-    }
-    Ok(bytes as u64)
+    use cachalot_core::size::ByteSizeError;
+    cachalot_core::size::parse_bytes(text).map_err(|e| match e {
+        ByteSizeError::NotANumber => format!("'{text}' is not a size"),
+        ByteSizeError::UnknownUnit(unit) => format!("unknown unit '{unit}' in '{text}'"),
+        ByteSizeError::TooLarge => format!("'{text}' bytes is {e}"),
+    })
 }
 
 /// The experiment a command names, its parameters checked.

@@ -177,3 +177,51 @@ mod tests {
         assert_eq!(PoolKind::for_size(SMALL_SIZE + 512), PoolKind::Large);
     }
 }
+
+/// Why a byte size did not parse ([`parse_bytes`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    /// The number before the unit is not one.
+    #[error("not a size")]
+    NotANumber,
+    /// The unit is none of B, KiB, MiB, GiB, TiB, kB, MB, GB.
+    #[error("unknown unit '{0}'")]
+    UnknownUnit(String),
+    /// More than [`MAX_REQUEST`] (1 EiB), PyTorch's cap on one request, or not finite.
+    #[error("larger than any device (at most 1 EiB = {MAX_REQUEST} bytes)")]
+    TooLarge,
+}
+
+/// Parses a byte size as the command line and the viewer's forms take it: `4096`, `64MiB`,
+/// `4 GiB`, `1.5GB` (binary units K/KiB, M/MiB, G/GiB, T/TiB; decimal kB, MB, GB; any case),
+/// at most [`MAX_REQUEST`]. Fractions of a byte are cut off.
+///
+/// ```
+/// use cachalot_core::size::{ByteSizeError, parse_bytes};
+/// assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+/// assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+/// assert_eq!(parse_bytes("3 parsecs"), Err(ByteSizeError::UnknownUnit("parsecs".into())));
+/// ```
+pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| ByteSizeError::NotANumber)?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        "t" | "tib" => 1 << 40,
+        other => return Err(ByteSizeError::UnknownUnit(other.to_owned())),
+    };
+    // The cast would saturate silently; nothing PyTorch can allocate is larger than 1 EiB.
+    let bytes = value * scale as f64;
+    if !(bytes.is_finite() && bytes <= MAX_REQUEST as f64) {
+        return Err(ByteSizeError::TooLarge);
+    }
+    Ok(bytes as u64)
+}

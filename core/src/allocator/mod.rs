@@ -561,31 +561,13 @@ where
     B::Event: Clone,
 {
     fn clone(&self) -> Self {
-        CachingAllocator {
-            id: self.id,
-            backend: self.backend.clone(),
-            config: self.config.clone(),
-            blocks: self.blocks.clone(),
-            segments: self.segments.clone(),
-            small: self.small.clone(),
-            large: self.large.clone(),
-            private: self.private.clone(),
-            private_ids: self.private_ids.clone(),
-            routing: self.routing.clone(),
-            events: self.events.clone(),
-            stats: self.stats.clone(),
-            total_allocated_memory: self.total_allocated_memory,
-            allowed_memory_maximum: self.allowed_memory_maximum,
-            recorder: self.recorder.clone(),
-            contexts: self.contexts.clone(),
-            marks: self.marks.clone(),
-            current_context: self.current_context,
-            current_annotation: self.current_annotation,
-            last_device_limit: self.last_device_limit.clone(),
-            contexts_used: self.contexts_used,
-            gc_clock_started: self.gc_clock_started,
-            oom_observers: self.oom_observers.clone(),
-        }
+        // The deciding state as a trial copies it, plus what grows with the run.
+        let mut copy = self.trial_copy(self.backend.clone());
+        copy.recorder = self.recorder.clone();
+        copy.contexts = self.contexts.clone();
+        copy.marks = self.marks.clone();
+        copy.oom_observers = self.oom_observers.clone();
+        copy
     }
 }
 

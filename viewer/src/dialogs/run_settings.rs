@@ -144,28 +144,19 @@ fn list<T: std::str::FromStr>(field: &str, text: &str, what: &str) -> Result<Vec
     text.split(',').filter(|s| !s.trim().is_empty()).map(|s| number(field, s, what)).collect()
 }
 
-/// `4096`, `64MiB`, `4GiB`, `1.5GB`: bytes, with the units `cachalot run --capacity` takes.
+/// `4096`, `64MiB`, `4GiB`, `1.5GB`: bytes, with the units `cachalot run --capacity` takes
+/// ([`cachalot_core::size::parse_bytes`]), at least one; errors name `field`.
 pub fn parse_bytes(field: &str, text: &str) -> Result<u64, String> {
+    use cachalot_core::size::ByteSizeError;
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (value, unit) = t.split_at(split);
-    let value: f64 = value.parse().map_err(|_| format!("{field}: '{t}' is not a size"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "kb" => 1000,
-        "m" | "mib" => 1 << 20,
-        "mb" => 1_000_000,
-        "g" | "gib" => 1 << 30,
-        "gb" => 1_000_000_000,
-        "t" | "tib" => 1 << 40,
-        other => return Err(format!("{field}: unknown unit '{other}' in '{t}' (B, KiB, MiB, GiB, TiB, kB, MB, GB)")),
-    };
-    let bytes = value * scale as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes <= cachalot_core::size::MAX_REQUEST as f64) {
-        return Err(format!("{field}: '{t}' is not between 1 byte and 1 EiB"));
+    match cachalot_core::size::parse_bytes(t) {
+        Ok(0) | Err(ByteSizeError::TooLarge) => Err(format!("{field}: '{t}' is not between 1 byte and 1 EiB")),
+        Ok(bytes) => Ok(bytes),
+        Err(ByteSizeError::NotANumber) => Err(format!("{field}: '{t}' is not a size")),
+        Err(ByteSizeError::UnknownUnit(unit)) => {
+            Err(format!("{field}: unknown unit '{unit}' in '{t}' (B, KiB, MiB, GiB, TiB, kB, MB, GB)"))
+        }
     }
-    Ok(bytes as u64)
 }
 
 /// Why the op file at `path` cannot be used, checked without reading it (cheap enough for
