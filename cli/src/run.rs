@@ -99,6 +99,10 @@ pub enum ExperimentCommand {
         /// A mark every this many ops (0: at the end only).
         #[arg(long, default_value_t = 0)]
         mark_every: usize,
+        /// Run at most this many ops per second, as a job that computes between its allocations
+        /// would (0: as fast as it goes); the sleeps are not counted in the op loop's time.
+        #[arg(long, default_value_t = 0)]
+        ops_per_second: u64,
     },
 }
 
@@ -212,9 +216,11 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
                 seed: a.seed,
             })
         }
-        ExperimentCommand::Ops { file, mark_every } => {
-            Experiment::Ops(OpsParams { path: file.display().to_string(), mark_every: *mark_every, ops_per_second: 0 })
-        }
+        ExperimentCommand::Ops { file, mark_every, ops_per_second } => Experiment::Ops(OpsParams {
+            path: file.display().to_string(),
+            mark_every: *mark_every,
+            ops_per_second: *ops_per_second,
+        }),
     })
 }
 

@@ -315,3 +315,32 @@ fn compare_takes_pickles_and_counts_marks_both_runs_have() {
     assert!(text(&out.stderr).contains("PyTorch snapshot pickle"), "{}", text(&out.stderr));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `run ops --ops-per-second N` paces the op file (1,000 ops at 1,000 per second: the run
+/// sleeps after each 500 until its time, so it takes at least a second) and changes nothing
+/// else: the same marks and allocator summary as the run at full speed.
+#[test]
+fn a_paced_ops_run_takes_its_time_and_does_the_same() {
+    let dir = std::env::temp_dir().join(format!("cachalot-paced-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ops = dir.join("thousand.ops");
+    let lines: String = (0..500).map(|i| format!("a {i} {}\nf {i}\n", 4096 << (i % 8))).collect();
+    std::fs::write(&ops, lines).unwrap();
+    let run = |extra: &[&str], out: &str| {
+        let out = dir.join(out);
+        let base = ["run", "ops", ops.to_str().unwrap(), "--backend", "sim", "--mark-every", "100"];
+        let args = [&base[..], &["--out", out.to_str().unwrap()], extra].concat();
+        let started = std::time::Instant::now();
+        let result = cachalot(&args);
+        assert!(result.status.success(), "{}", text(&result.stderr));
+        let stdout = text(&result.stdout);
+        // The lines that time the run differ; the marks and the summary do not.
+        let kept: Vec<&str> = stdout.lines().filter(|l| !l.contains(" s") && !l.contains("snapshot:")).collect();
+        (kept.join("\n"), started.elapsed())
+    };
+    let (fast, _) = run(&[], "fast.json");
+    let (paced, took) = run(&["--ops-per-second", "1000"], "paced.json");
+    assert_eq!(fast, paced);
+    assert!(took >= std::time::Duration::from_secs(1), "{took:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
