@@ -45,6 +45,10 @@ use crate::style;
 /// room to spare, and within what a browser lends a page on most GPUs.
 const DEFAULT_BUDGET_MIB: u64 = 2048;
 
+/// The longest a run that failed on WebGPU waits for the device's next answer, which brings
+/// the device's loss if that was the cause (see `WebRuns::start`).
+const FAILED_RUN_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Whether and how the page reaches WebGPU.
 #[derive(Clone, Debug)]
 pub enum Adapter {
@@ -424,9 +428,36 @@ impl WebRuns {
             Some(Box::pin(async move { execute_async(&experiment, &runtime, selection, ops_text.as_deref()).await }));
         let waker = Waker::from(Arc::new(Repaint(ctx.clone())));
         let mut forwarded = Forwarded::default();
+        // A run that failed on WebGPU, held until the device's next answer (see below).
+        let mut failed: Option<(RunResult, Arc<AtomicBool>, web_time::Instant)> = None;
+        let repaint = ctx.clone();
         let pump = move || {
-            let Some(running) = future.as_mut() else { return false };
             let mut progress = progress.borrow_mut();
+            let take_errors = |progress: &mut Progress| {
+                if let Some(context) = &context {
+                    // Shown in the window and the console; the run goes on (a `Failed` event
+                    // would end the live tab), and the GPU's own next error or the run's end
+                    // tells more.
+                    for error in context.take_device_errors() {
+                        log::error!("{}: {error}", progress.name);
+                        progress.device_lost |= is_device_loss(&error);
+                        progress.device_errors.push(error);
+                    }
+                }
+            };
+            if let Some((_, answered, since)) = &failed {
+                take_errors(&mut progress);
+                if !answered.load(Ordering::Relaxed) && since.elapsed() < FAILED_RUN_HOLD {
+                    repaint.request_repaint_after(std::time::Duration::from_millis(50));
+                    return true;
+                }
+                if let Some((result, ..)) = failed.take() {
+                    sender.send(LiveEvent::Failed(result.record.error.clone().unwrap_or_default()));
+                    progress.result = Some(result);
+                }
+                return false;
+            }
+            let Some(running) = future.as_mut() else { return false };
             if progress.stop || sender.stop_requested() {
                 // Dropping the future drops the experiment's tensors: their blocks are freed
                 // and the allocator stays consistent, as after any error.
@@ -438,17 +469,22 @@ impl WebRuns {
             }
             let poll = running.as_mut().poll(&mut Context::from_waker(&waker));
             forwarded.forward(&rt, &sender, &mut progress);
-            if let Some(context) = &context {
-                // Shown in the window and the console; the run goes on (a `Failed` event would
-                // end the live tab), and the GPU's own next error or the run's end tells more.
-                for error in context.take_device_errors() {
-                    log::error!("{}: {error}", progress.name);
-                    progress.device_lost |= is_device_loss(&error);
-                    progress.device_errors.push(error);
-                }
-            }
+            take_errors(&mut progress);
             let Poll::Ready(result) = poll else { return true };
             future = None;
+            if let (Some(_), Some(context)) = (&result.record.error, &context) {
+                // A failed readback may be the device's loss, which the browser tells
+                // through a callback it delivers with the device's next answer: the run
+                // ends once one came (or after a moment), so it says why it failed.
+                let answered = Arc::new(AtomicBool::new(false));
+                let (flag, ctx) = (Arc::clone(&answered), repaint.clone());
+                context.queue().on_submitted_work_done(move || {
+                    flag.store(true, Ordering::Relaxed);
+                    ctx.request_repaint();
+                });
+                failed = Some((result, answered, web_time::Instant::now()));
+                return true;
+            }
             match &result.record.error {
                 Some(error) => sender.send(LiveEvent::Failed(error.clone())),
                 None => {
