@@ -93,4 +93,4 @@ cp "$root/testdata/traces/pytorch-2.11-h200/seeds.expected.json" "$refs/"
 "$cachalot" run matmul-sweep --shapes 64x64x64,127x33x65 --backend wgpu --out "$refs/matmul.wgpu.json" >/dev/null
 gpu_shot="${shot%.png}-webgpu.png"
 CACHALOT="$cachalot" node scripts/dev/web-test/webgpu.mjs "http://127.0.0.1:$port/" "$refs" "$gpu_shot"
-echo "test-web: WebGPU screenshot in $gpu_shot"
+echo "test-web: WebGPU screenshots in $gpu_shot and ${gpu_shot%.png}-compare.png"

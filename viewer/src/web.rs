@@ -257,6 +257,17 @@ impl WebHandle {
             .unwrap_or_else(|| "null".into())
     }
 
+    /// Shows the view titled `title` (`Segments`, `Memory`, `Pools`, `Stats`, `Events`,
+    /// `Compare`, `Tune`), as its button in the top bar does.
+    #[wasm_bindgen]
+    pub fn show_view(&self, title: &str) -> Result<(), JsValue> {
+        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        app.viewer.view =
+            crate::tabs::View::from_name(title).ok_or_else(|| JsValue::from_str(&format!("no view '{title}'")))?;
+        app.ctx.request_repaint();
+        Ok(())
+    }
+
     /// Makes the page's WebGPU device fail, for tests of how the page reports it:
     /// `"validation"` submits an invalid command (a validation error), `"device-loss"`
     /// destroys the device (as a driver reset or the browser reclaiming it would lose it).

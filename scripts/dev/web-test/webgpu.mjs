@@ -363,6 +363,10 @@ const session = async (name, browser, full) => {
         check(pr === null && pageReasons.length > 0, `seeds: the page names the same ${pageReasons.length} reasons as \`cachalot compare\`${pr ? ": " + pr : ""}`);
         check(cmp.answer.verdict_ok === (native_.status === 0), `seeds: the page's verdict (every difference explained: ${cmp.answer.verdict_ok}) is the command line's`);
         check(framesWhile === 1, "seeds: the page draws frames after the comparison");
+        // The Compare tab as the page shows it, then back to the segment map for the rest.
+        await page.waitForTimeout(500);
+        await page.screenshot({ path: shot.replace(/\.png$/, "-compare.png") });
+        await page.evaluate(() => window.cachalot.show_view("Segments"));
       }
     }
 
