@@ -11,8 +11,10 @@
 # (target/web-test-webgpu.png) with the segment map; then an uploaded op file (`ops`) and a
 # two-shape `matmul-sweep` against their native wgpu runs, the two downloads (snapshot and
 # PyTorch pickle) read back by `cachalot summary` / `cachalot replay` and Python's pickle, and
-# the page's `seeds` against PyTorch's seeds.expected.json through `cachalot compare` (the same
-# marks and reasons as the native wgpu run).
+# the page's `seeds` against PyTorch's seeds.expected.json, through `cachalot compare` and in the
+# page's own Compare tab (the same marks table and reasons as `cachalot compare` of the native
+# wgpu run); then GPU faults injected during and after runs (a validation error, the device
+# destroyed), each shown by the page, with runs that work afterwards.
 # About 3 minutes on 2 cores (most of it SwiftShader running the kernels).
 #
 # Installs what it needs if missing: Debian's chromium (apt) and playwright-core (npm, into
@@ -91,4 +93,4 @@ cp "$root/testdata/traces/pytorch-2.11-h200/seeds.expected.json" "$refs/"
 "$cachalot" run matmul-sweep --shapes 64x64x64,127x33x65 --backend wgpu --out "$refs/matmul.wgpu.json" >/dev/null
 gpu_shot="${shot%.png}-webgpu.png"
 CACHALOT="$cachalot" node scripts/dev/web-test/webgpu.mjs "http://127.0.0.1:$port/" "$refs" "$gpu_shot"
-echo "test-web: WebGPU screenshot in $gpu_shot"
+echo "test-web: WebGPU screenshots in $gpu_shot and ${gpu_shot%.png}-compare.png"

@@ -12,8 +12,9 @@
 //!   [`pools`], [`stats`], [`events`], the Active Memory Timeline ([`memory_timeline`]) with the
 //!   peak analysis under it ([`peak_analysis`]); and [`notices`], the messages at the bottom;
 //! - [`tabs`]: the open runs ([`tabs::RunTab`]), the panel shown ([`View`]) and the tab bar;
-//! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab), and natively
-//!   `reasons`: why they differ, from `cachalot compare`'s analysis;
+//! - [`side_by_side`]: two runs side by side with linked cursors (the "Compare" tab), and
+//!   [`reasons`]: why they differ, or how a run differs from PyTorch's `expected.json`, from
+//!   `cachalot compare`'s analysis;
 //! - [`tune`]: the "Tune" tab, `cachalot tune`'s search of a PyTorch trace as a chart and a
 //!   ranking, each candidate's replay opened beside the trace in "Compare";
 //! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
@@ -39,7 +40,6 @@ pub mod model;
 pub mod notices;
 pub mod peak_analysis;
 pub mod pools;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod reasons;
 pub mod segments;
 pub mod side_by_side;

@@ -32,9 +32,10 @@ pub struct SideBySideState {
     pub only_differences: bool,
     /// The two segment maps.
     pub maps: [SegmentMapState; 2],
-    /// Why the two runs differ (`cachalot compare`'s analysis), natively.
-    #[cfg(not(target_arch = "wasm32"))]
+    /// Why the two runs differ (`cachalot compare`'s analysis).
     pub reasons: crate::reasons::ReasonsState,
+    /// A run against PyTorch's `expected.json`.
+    pub expected: crate::reasons::ExpectedState,
 }
 
 impl Default for SideBySideState {
@@ -45,8 +46,8 @@ impl Default for SideBySideState {
             link: Link::Entry,
             only_differences: true,
             maps: [SegmentMapState::default(), SegmentMapState::default()],
-            #[cfg(not(target_arch = "wasm32"))]
             reasons: crate::reasons::ReasonsState::default(),
+            expected: crate::reasons::ExpectedState::default(),
         }
     }
 }
@@ -73,8 +74,10 @@ fn run_picker(ui: &mut egui::Ui, label: &str, tabs: &[RunTab], index: &mut usize
         });
 }
 
-/// Shows two of `tabs` (all open runs) side by side.
+/// Shows two of `tabs` (all open runs) side by side, and a run against PyTorch's
+/// `expected.json`.
 pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
+    crate::reasons::expected_ui(ui, tabs, &mut state.expected);
     if tabs.len() < 2 {
         ui.add_space(20.0);
         ui.label("Open two runs to compare them (e.g. a PyTorch trace and its cachalot replay from the \"Replay through cachalot\" button).");
@@ -99,8 +102,7 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
         state.b = (state.a + 1) % tabs.len();
     }
     let (a, b) = (state.a, state.b);
-    #[cfg(not(target_arch = "wasm32"))]
-    crate::reasons::ui(ui, &tabs[a].run, &tabs[b].run, &mut state.reasons);
+    crate::reasons::ui(ui, &tabs[a], &tabs[b], &mut state.reasons);
     let (end_a, end_b) = (tabs[a].run.end(), tabs[b].run.end());
     let mut cursor = tabs[a].cursor.min(end_a);
 

@@ -34,6 +34,11 @@ impl eframe::App for WebApp {
         if let Some(run) = self.runs.window(ui.ctx()) {
             self.viewer.add_live(run);
         }
+        // The Compare tab's analysis against an expected.json goes on while another view is
+        // shown (the tab polls it itself when shown).
+        if self.viewer.view != crate::tabs::View::SideBySide {
+            self.viewer.side_by_side.expected.reasons.poll(ui.ctx());
+        }
     }
 
     fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
@@ -207,6 +212,70 @@ impl WebHandle {
         let run = app.runs.start(&ctx).map_err(|e| JsValue::from_str(&e))?;
         app.viewer.add_live(run);
         ctx.request_repaint();
+        Ok(())
+    }
+
+    /// Compares a run with PyTorch's `expected.json` in the Compare tab, as its section "Against
+    /// PyTorch's expected.json" does: `json` is the file's text as an upload gives it (named
+    /// `name`), or `null` for the built-in `seeds.expected.json`; `run` names the run's tab (the
+    /// last tab when `null`). Shows the Compare tab and starts the analysis;
+    /// [`WebHandle::compare_status`] follows it.
+    #[wasm_bindgen]
+    pub fn compare_with_expected(
+        &self,
+        name: Option<String>,
+        json: Option<String>,
+        run: Option<String>,
+    ) -> Result<(), JsValue> {
+        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let app = &mut *app;
+        let expected = &mut app.viewer.side_by_side.expected;
+        match json {
+            Some(text) => expected.open(name.as_deref().unwrap_or("expected.json"), text.as_bytes()),
+            None => expected.open(crate::reasons::SEEDS_EXPECTED.0, crate::reasons::SEEDS_EXPECTED.1),
+        }
+        let tabs = &app.viewer.tabs;
+        let index = match &run {
+            Some(name) => tabs.iter().position(|t| t.run.name == *name),
+            None => tabs.len().checked_sub(1),
+        }
+        .ok_or_else(|| JsValue::from_str(&format!("no run {}", run.as_deref().unwrap_or("is open"))))?;
+        expected.run = index;
+        expected.start(&tabs[index]).map_err(|e| JsValue::from_str(&e))?;
+        app.viewer.view = crate::tabs::View::SideBySide;
+        app.ctx.request_repaint();
+        Ok(())
+    }
+
+    /// The Compare tab's comparison with PyTorch's `expected.json` as JSON (see
+    /// `ExpectedState::status_json`).
+    #[wasm_bindgen]
+    pub fn compare_status(&self) -> String {
+        self.runner
+            .app_mut::<WebApp>()
+            .map(|app| app.viewer.side_by_side.expected.status_json().to_string())
+            .unwrap_or_else(|| "null".into())
+    }
+
+    /// Shows the view titled `title` (`Segments`, `Memory`, `Pools`, `Stats`, `Events`,
+    /// `Compare`, `Tune`), as its button in the top bar does.
+    #[wasm_bindgen]
+    pub fn show_view(&self, title: &str) -> Result<(), JsValue> {
+        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        app.viewer.view =
+            crate::tabs::View::from_name(title).ok_or_else(|| JsValue::from_str(&format!("no view '{title}'")))?;
+        app.ctx.request_repaint();
+        Ok(())
+    }
+
+    /// Makes the page's WebGPU device fail, for tests of how the page reports it:
+    /// `"validation"` submits an invalid command (a validation error), `"device-loss"`
+    /// destroys the device (as a driver reset or the browser reclaiming it would lose it).
+    #[wasm_bindgen]
+    pub fn inject_gpu_fault(&self, kind: &str) -> Result<(), JsValue> {
+        let app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        app.runs.inject_fault(kind).map_err(|e| JsValue::from_str(&e))?;
+        app.ctx.request_repaint();
         Ok(())
     }
 

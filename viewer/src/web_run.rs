@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use cachalot_core::AllocatorConfig;
@@ -43,6 +44,10 @@ use crate::style;
 /// The budget a run starts with: 2 GiB, what `seeds` needs (its peak reserves 1.0 GiB) with
 /// room to spare, and within what a browser lends a page on most GPUs.
 const DEFAULT_BUDGET_MIB: u64 = 2048;
+
+/// The longest a run that failed on WebGPU waits for the device's next answer, which brings
+/// the device's loss if that was the cause (see `WebRuns::start`).
+const FAILED_RUN_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Whether and how the page reaches WebGPU.
 #[derive(Clone, Debug)]
@@ -195,6 +200,8 @@ pub struct Progress {
     /// Whether the visitor stopped it.
     pub stopped: bool,
     stop: bool,
+    /// Whether the device was lost during the run, not yet answered by a new one.
+    device_lost: bool,
 }
 
 impl Progress {
@@ -258,6 +265,12 @@ pub struct WebRuns {
     pub settings: Settings,
     current: Option<Rc<RefCell<Progress>>>,
     error: Option<String>,
+    /// What the GPU reported while no run was going (validation errors, the device's loss),
+    /// oldest first, until the visitor dismisses them.
+    gpu_errors: Vec<String>,
+    /// Whether the idle device's answer to a `onSubmittedWorkDone` is awaited (see
+    /// [`WebRuns::collect_device_errors`]).
+    listening: Arc<AtomicBool>,
     uploads: Inbox,
     open: bool,
 }
@@ -269,6 +282,8 @@ impl Default for WebRuns {
             settings: Settings::default(),
             current: None,
             error: None,
+            gpu_errors: Vec::new(),
+            listening: Arc::default(),
             uploads: Inbox::default(),
             open: true,
         }
@@ -383,8 +398,16 @@ impl WebRuns {
             (Box::new(device), Selection { backend: BackendKind::Sim, lines: vec![line.into()] }, None)
         };
         if let Some(context) = &context {
-            // Errors of an earlier run are that run's.
-            context.take_device_errors();
+            // What the device reported before this run is not this run's: it stays with the
+            // window's errors. A device lost since the last frame cannot run it: a new one is
+            // requested, as the window does when it sees the loss.
+            let earlier = context.take_device_errors();
+            let lost = earlier.iter().find(|e| is_device_loss(e)).cloned();
+            self.gpu_errors.extend(earlier);
+            if let Some(lost) = lost {
+                self.renew_device(ctx);
+                return Err(format!("{lost}: a new device is being requested; press Run again in a moment"));
+            }
         }
         let rt = Rc::new(Runtime::new(device));
         let where_ = if settings.webgpu { "WebGPU" } else { "simulator" };
@@ -405,9 +428,36 @@ impl WebRuns {
             Some(Box::pin(async move { execute_async(&experiment, &runtime, selection, ops_text.as_deref()).await }));
         let waker = Waker::from(Arc::new(Repaint(ctx.clone())));
         let mut forwarded = Forwarded::default();
+        // A run that failed on WebGPU, held until the device's next answer (see below).
+        let mut failed: Option<(RunResult, Arc<AtomicBool>, web_time::Instant)> = None;
+        let repaint = ctx.clone();
         let pump = move || {
-            let Some(running) = future.as_mut() else { return false };
             let mut progress = progress.borrow_mut();
+            let take_errors = |progress: &mut Progress| {
+                if let Some(context) = &context {
+                    // Shown in the window and the console; the run goes on (a `Failed` event
+                    // would end the live tab), and the GPU's own next error or the run's end
+                    // tells more.
+                    for error in context.take_device_errors() {
+                        log::error!("{}: {error}", progress.name);
+                        progress.device_lost |= is_device_loss(&error);
+                        progress.device_errors.push(error);
+                    }
+                }
+            };
+            if let Some((_, answered, since)) = &failed {
+                take_errors(&mut progress);
+                if !answered.load(Ordering::Relaxed) && since.elapsed() < FAILED_RUN_HOLD {
+                    repaint.request_repaint_after(std::time::Duration::from_millis(50));
+                    return true;
+                }
+                if let Some((result, ..)) = failed.take() {
+                    sender.send(LiveEvent::Failed(result.record.error.clone().unwrap_or_default()));
+                    progress.result = Some(result);
+                }
+                return false;
+            }
+            let Some(running) = future.as_mut() else { return false };
             if progress.stop || sender.stop_requested() {
                 // Dropping the future drops the experiment's tensors: their blocks are freed
                 // and the allocator stays consistent, as after any error.
@@ -419,16 +469,22 @@ impl WebRuns {
             }
             let poll = running.as_mut().poll(&mut Context::from_waker(&waker));
             forwarded.forward(&rt, &sender, &mut progress);
-            if let Some(context) = &context {
-                // Shown in the window and the console; the run goes on (a `Failed` event would
-                // end the live tab), and the GPU's own next error or the run's end tells more.
-                for error in context.take_device_errors() {
-                    log::error!("{}: {error}", progress.name);
-                    progress.device_errors.push(error);
-                }
-            }
+            take_errors(&mut progress);
             let Poll::Ready(result) = poll else { return true };
             future = None;
+            if let (Some(_), Some(context)) = (&result.record.error, &context) {
+                // A failed readback may be the device's loss, which the browser tells
+                // through a callback it delivers with the device's next answer: the run
+                // ends once one came (or after a moment), so it says why it failed.
+                let answered = Arc::new(AtomicBool::new(false));
+                let (flag, ctx) = (Arc::clone(&answered), repaint.clone());
+                context.queue().on_submitted_work_done(move || {
+                    flag.store(true, Ordering::Relaxed);
+                    ctx.request_repaint();
+                });
+                failed = Some((result, answered, web_time::Instant::now()));
+                return true;
+            }
             match &result.record.error {
                 Some(error) => sender.send(LiveEvent::Failed(error.clone())),
                 None => {
@@ -444,6 +500,69 @@ impl WebRuns {
         Ok(run.with_pump(pump))
     }
 
+    /// Takes what the device reported while no run is going (a run's own errors go to its
+    /// progress), and answers a lost device by requesting a new one once no run uses it, so the
+    /// next run gets a working device without a reload of the page.
+    fn collect_device_errors(&mut self, ctx: &egui::Context) {
+        let Adapter::Ready(context, _) = self.adapter() else { return };
+        if self.current.as_ref().is_some_and(|p| p.borrow().running()) {
+            return;
+        }
+        // A browser hands the page what its GPU process sent (an error event among it) only
+        // while the page awaits an answer of the device: during a run its readbacks, idle
+        // nothing, and a validation error would wait unseen (Chromium). So the idle device is
+        // asked, once a second, to tell when its (no) work is done; its answer wakes the page,
+        // which then shows what came with it.
+        if !self.listening.swap(true, Ordering::Relaxed) {
+            let (listening, ctx) = (Arc::clone(&self.listening), ctx.clone());
+            context.queue().on_submitted_work_done(move || {
+                listening.store(false, Ordering::Relaxed);
+                ctx.request_repaint_after(std::time::Duration::from_secs(1));
+            });
+        }
+        let new = context.take_device_errors();
+        for error in &new {
+            log::error!("WebGPU: {error}");
+        }
+        let lost_in_run = self.current.as_ref().is_some_and(|p| std::mem::take(&mut p.borrow_mut().device_lost));
+        let lost = lost_in_run || new.iter().any(|e| is_device_loss(e));
+        self.gpu_errors.extend(new);
+        if lost {
+            self.renew_device(ctx);
+        }
+    }
+
+    /// Answers the device's loss: says so, and requests a new device for the next run.
+    fn renew_device(&mut self, ctx: &egui::Context) {
+        self.gpu_errors.push("the WebGPU device is gone: a new one is being requested for the next run".into());
+        *self.adapter.borrow_mut() = Adapter::Pending;
+        self.request_adapter(ctx);
+    }
+
+    /// Makes the device fail, for tests of how the page reports it: `"validation"` creates a
+    /// buffer WebGPU forbids (a validation error), `"device-loss"` destroys the device.
+    pub fn inject_fault(&self, kind: &str) -> Result<(), String> {
+        let Adapter::Ready(context, _) = self.adapter() else { return Err("no WebGPU device".into()) };
+        match kind {
+            "validation" => {
+                // Each with its own label, so no browser takes it for a repeat of the last.
+                static INJECTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                let n = INJECTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                // Mapped for reading and bound as storage at once: WebGPU allows MAP_READ only
+                // with COPY_DST.
+                let _buffer = context.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&format!("cachalot fault injection {n}: invalid usage")),
+                    size: 256,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                });
+            }
+            "device-loss" => context.device().destroy(),
+            other => return Err(format!("unknown fault '{other}': validation or device-loss")),
+        }
+        Ok(())
+    }
+
     /// Asks the current run to stop (at its next frame).
     pub fn stop(&self) {
         if let Some(progress) = &self.current {
@@ -454,6 +573,7 @@ impl WebRuns {
     /// The window: the adapter and budget, the experiment and its settings, Run / Stop,
     /// progress, errors and the result's downloads. Returns a run the visitor started.
     pub fn window(&mut self, ctx: &egui::Context) -> Option<LiveRun> {
+        self.collect_device_errors(ctx);
         for (name, bytes) in self.uploads.take() {
             match bytes.map(String::from_utf8) {
                 Ok(Ok(text)) => self.settings.ops = Some((name, text)),
@@ -505,6 +625,14 @@ impl WebRuns {
                 ui.colored_label(style::series::OOM, format!("No WebGPU: {why}."));
                 ui.label("The same experiment runs on the simulator (wgpu profile, CPU kernels) instead.");
                 self.settings.webgpu = false;
+            }
+        }
+        if !self.gpu_errors.is_empty() {
+            for error in &self.gpu_errors {
+                ui.colored_label(style::series::OOM, error);
+            }
+            if ui.small_button("dismiss").clicked() {
+                self.gpu_errors.clear();
             }
         }
         ui.separator();
@@ -692,8 +820,19 @@ impl WebRuns {
                 "result": result,
             })
         });
-        serde_json::json!({ "adapter": adapter, "budget_mib": self.settings.budget_mib, "run": run }).to_string()
+        serde_json::json!({
+            "adapter": adapter,
+            "budget_mib": self.settings.budget_mib,
+            "gpu_errors": self.gpu_errors,
+            "run": run,
+        })
+        .to_string()
     }
+}
+
+/// Whether a device error is its loss (`WgpuContext`'s words for the lost callback).
+fn is_device_loss(error: &str) -> bool {
+    error.starts_with("WebGPU device lost")
 }
 
 /// A run's snapshot as PyTorch writes `torch.cuda.memory._snapshot()` (what `_memory_viz`

@@ -222,6 +222,17 @@ fn pytorch_trace_beside(expected: &std::path::Path) -> Option<Vec<TraceEntry>> {
     snapshot.device_traces.into_iter().next()
 }
 
+/// A column of PyTorch's `NAME.expected.json` given as bytes (an upload in the browser, where
+/// no file lies beside it: the column has no PyTorch trace, as [`load`] gives it when no
+/// `NAME.pickle` lies beside the file).
+pub fn from_expected_json(name: String, bytes: &[u8]) -> Result<Column, String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if value.get("marks").is_none() {
+        return Err("not PyTorch's expected.json (no 'marks')".into());
+    }
+    from_expected(name, &value)
+}
+
 /// A column of PyTorch's `expected.json`.
 fn from_expected(name: String, value: &serde_json::Value) -> Result<Column, String> {
     let text = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_owned();

@@ -2,6 +2,8 @@
 //! index + offset): each against the simulator running its experiment with its own factors, and
 //! every pair against each other.
 
+use std::future::Future;
+
 use cachalot_core::TraceEntry;
 use cachalot_trace::normalized::{EventDiff, first_difference};
 
@@ -53,8 +55,13 @@ pub struct EventComparisons {
     pub pairs: Vec<EventPair>,
 }
 
-/// Compares the event sequences; `None` when no run has a trace.
-pub(super) fn compare_events(columns: &[Column], verify: bool) -> Option<EventComparisons> {
+/// Compares the event sequences; `None` when no run has a trace. `pause` is awaited before
+/// each rerun on the simulator.
+pub(super) async fn compare_events<P, F>(columns: &[Column], verify: bool, pause: &mut P) -> Option<EventComparisons>
+where
+    P: FnMut(String) -> F,
+    F: Future<Output = ()>,
+{
     let traced: Vec<(usize, &Column, &Vec<TraceEntry>)> =
         columns.iter().enumerate().filter_map(|(i, c)| c.trace.as_ref().map(|t| (i, c, t))).collect();
     if traced.is_empty() {
@@ -63,6 +70,7 @@ pub(super) fn compare_events(columns: &[Column], verify: bool) -> Option<EventCo
     let mut reproductions = Vec::new();
     for &(i, c, t) in &traced {
         let Some(experiment) = c.experiment.as_ref().filter(|_| verify) else { continue };
+        pause(format!("{} with {}'s factors, for its allocator events", experiment.name(), c.name)).await;
         let outcome =
             simulate(experiment, &c.factors).map(|sim| first_difference(t, &sim.trace)).map_err(|e| e.to_string());
         reproductions.push(Reproduction { column: i, experiment: experiment.name().to_owned(), outcome });

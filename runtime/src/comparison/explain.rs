@@ -4,6 +4,7 @@
 //! reason, with the marks and bytes it accounts for.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use cachalot_core::AllocatorConfig;
 use cachalot_core::TraceEntry;
@@ -284,8 +285,13 @@ fn mark_shifts(before: &[MarkValue], after: &[MarkValue]) -> Vec<MarkShift> {
     shifts
 }
 
-/// Explains why `other`'s marks differ from `base`'s (see the module docs).
-pub(super) fn explain(base: &Column, other: &Column, verify: bool) -> Explanation {
+/// Explains why `other`'s marks differ from `base`'s (see the module docs), awaiting
+/// `pause` before each rerun on the simulator.
+pub(super) async fn explain<P, F>(base: &Column, other: &Column, verify: bool, pause: &mut P) -> Explanation
+where
+    P: FnMut(String) -> F,
+    F: Future<Output = ()>,
+{
     let factors = differing_factors(base, other);
     let experiment = match (&base.experiment, &other.experiment) {
         (Some(a), Some(b)) if a != b => {
@@ -296,7 +302,7 @@ pub(super) fn explain(base: &Column, other: &Column, verify: bool) -> Explanatio
         _ => None,
     };
     let failed_rerun = match experiment.filter(|_| verify) {
-        Some(experiment) => match test_factors(experiment, base, other, &factors) {
+        Some(experiment) => match test_factors(experiment, base, other, &factors, pause).await {
             Ok(test) => return Explanation::Tested(test),
             Err(failed) => Some(failed),
         },
@@ -306,13 +312,19 @@ pub(super) fn explain(base: &Column, other: &Column, verify: bool) -> Explanatio
 }
 
 /// Switches the factors in on the simulator one at a time.
-fn test_factors(
+async fn test_factors<P, F>(
     experiment: &Experiment,
     base: &Column,
     other: &Column,
     factors: &[FactorDifference],
-) -> Result<FactorTest, FailedRerun> {
+    pause: &mut P,
+) -> Result<FactorTest, FailedRerun>
+where
+    P: FnMut(String) -> F,
+    F: Future<Output = ()>,
+{
     let mut switched = base.factors.clone();
+    pause(format!("{} with {}'s factors", experiment.name(), base.name)).await;
     let mut marks = simulate(experiment, &switched)
         .map_err(|e| FailedRerun::Baseline { experiment: experiment.name().to_owned(), error: e.to_string() })?
         .marks;
@@ -323,6 +335,7 @@ fn test_factors(
     let mut tested = Vec::with_capacity(factors.len());
     for factor in factors {
         factor.kind.switch(&mut switched, &other.factors);
+        pause(format!("{} with {}'s {} switched in", experiment.name(), other.name, factor.kind.name())).await;
         let sim = match simulate(experiment, &switched) {
             Ok(sim) => sim,
             Err(e) => return Err(FailedRerun::Factor { tested, kind: factor.kind, error: e.to_string() }),

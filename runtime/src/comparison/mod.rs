@@ -29,7 +29,10 @@ mod limits;
 mod losses;
 mod tables;
 
-pub use columns::{Column, Factors, MarkValue, from_snapshot, load};
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+
+pub use columns::{Column, Factors, MarkValue, from_expected_json, from_snapshot, load};
 pub use events::{EventComparisons, EventPair, Reproduction};
 pub use explain::{
     Explanation, FactorDifference, FactorKind, FactorTest, FailedRerun, MarkShift, Simulated, TestedFactor, simulate,
@@ -115,23 +118,40 @@ impl Comparison {
 
 /// Compares runs: the first is the baseline (see the module docs). With
 /// [`CompareOptions::verify`], experiments are rerun on the simulator, which takes a moment
-/// for large ones.
+/// for large ones; [`compare_runs_paced`] is the same comparison with a pause before each
+/// rerun, for a caller that must not be held up that long (the browser's page).
 pub fn compare_runs(columns: Vec<Column>, options: CompareOptions) -> Comparison {
-    let differences = match columns.split_first() {
-        Some((base, others)) => others
-            .iter()
-            .enumerate()
-            .filter_map(|(i, other)| {
-                let marks = explain::mark_differences(&base.marks, &other.marks);
-                (!marks.is_empty()).then(|| RunDifference {
-                    column: i + 1,
-                    marks,
-                    explanation: explain::explain(base, other, options.verify),
-                })
-            })
-            .collect(),
-        None => Vec::new(),
-    };
+    let mut future = std::pin::pin!(compare_runs_paced(columns, options, |_| std::future::ready(())));
+    let mut context = Context::from_waker(Waker::noop());
+    // Every pause is ready at once, so the first poll finishes; polling again is what any
+    // executor would do if that ever changed.
+    loop {
+        if let Poll::Ready(comparison) = future.as_mut().poll(&mut context) {
+            return comparison;
+        }
+    }
+}
+
+/// [`compare_runs`], awaiting `pause(what)` before each rerun on the simulator (`what` says
+/// which, e.g. "seeds with B's allocator settings"). A page passes a pause that lets a frame be
+/// drawn, so the reruns run as tasks between frames and can be stopped by dropping the future;
+/// the comparison is the same.
+pub async fn compare_runs_paced<P, F>(columns: Vec<Column>, options: CompareOptions, mut pause: P) -> Comparison
+where
+    P: FnMut(String) -> F,
+    F: Future<Output = ()>,
+{
+    let mut differences = Vec::new();
+    if let Some((base, others)) = columns.split_first() {
+        for (i, other) in others.iter().enumerate() {
+            let marks = explain::mark_differences(&base.marks, &other.marks);
+            if marks.is_empty() {
+                continue;
+            }
+            let explanation = explain::explain(base, other, options.verify, &mut pause).await;
+            differences.push(RunDifference { column: i + 1, marks, explanation });
+        }
+    }
     let losses = losses::compare_losses(&columns, options.loss_tolerance);
     let verdict = Verdict {
         unexplained: differences.iter().map(|d: &RunDifference| d.explanation.unexplained().len()).sum(),
@@ -141,13 +161,14 @@ pub fn compare_runs(columns: Vec<Column>, options: CompareOptions) -> Comparison
             .map(|c| usize::from(c.error.is_some()) + usize::from(c.failed_checks().next().is_some()))
             .sum(),
     };
+    let events = events::compare_events(&columns, options.verify, &mut pause).await;
     Comparison {
         marks: tables::mark_rows(&columns),
         differences,
         stats: tables::stat_rows(&columns),
         timings: tables::timing_rows(&columns),
         losses,
-        events: events::compare_events(&columns, options.verify),
+        events,
         limits: limits::device_limits(&columns),
         verdict,
         columns,

@@ -233,6 +233,60 @@ fn compare_explains_the_workspaces_and_verifies_it() {
     assert!(comparison.events.as_ref().unwrap().reproductions.is_empty(), "{why}");
 }
 
+/// The paced comparison (the browser's: a pause before each rerun on the simulator, each pause
+/// pending once as a page's next frame is) pauses once per rerun and gives the comparison
+/// `compare_runs` gives; an expected.json read from bytes (an upload) is the column `load` reads
+/// from the file, less PyTorch's trace beside it.
+#[test]
+fn the_paced_comparison_pauses_before_each_rerun_and_agrees() {
+    use std::task::{Context, Poll, Waker};
+
+    let queue = common::run(&Experiment::Seeds, common::sim(SimProfile::wgpu(), false));
+    let path = common::seeds_expected();
+    let uploaded =
+        comparison::from_expected_json("seeds.expected.json".into(), &std::fs::read(&path).unwrap()).unwrap();
+    let mut loaded = comparison::load(&path).unwrap();
+    assert!(loaded.trace.is_some() && uploaded.trace.is_none());
+    loaded.trace = None;
+    assert_eq!(format!("{uploaded:?}"), format!("{loaded:?}"));
+    let bad = comparison::from_expected_json("x.json".into(), b"{\"format\": 1}").unwrap_err();
+    assert!(bad.contains("no 'marks'"), "{bad}");
+
+    let columns = vec![uploaded, common::column(&queue, "queue")];
+    let whole = compare_runs(columns.clone(), CompareOptions::default());
+    let mut steps = Vec::new();
+    let mut polls = 0;
+    let paced = {
+        let future = comparison::compare_runs_paced(columns, CompareOptions::default(), |what| {
+            steps.push(what);
+            let mut paused = false;
+            std::future::poll_fn(
+                move |_| {
+                    if std::mem::replace(&mut paused, true) { Poll::Ready(()) } else { Poll::Pending }
+                },
+            )
+        });
+        let mut future = std::pin::pin!(future);
+        loop {
+            polls += 1;
+            if let Poll::Ready(c) = future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                break c;
+            }
+        }
+    };
+    // The baseline, then each differing factor, then the queue run's events against the
+    // simulator: a rerun after each pause.
+    let Some(Explanation::Tested(test)) = paced.differences.first().map(|d| &d.explanation) else {
+        panic!("tested: {}", common::describe(&paced))
+    };
+    assert_eq!(steps.len(), 1 + test.factors.len() + 1, "{steps:?}");
+    assert_eq!(polls, steps.len() + 1);
+    assert!(steps[0].starts_with("seeds with seeds.expected.json's factors"), "{steps:?}");
+    assert_eq!(common::describe(&paced), common::describe(&whole));
+    assert_eq!(paced.marks, whole.marks);
+    assert!(paced.verdict.ok(), "{}", common::describe(&paced));
+}
+
 #[test]
 fn compare_checks_losses_against_the_tolerance() {
     let params = small_mlps().remove(0);

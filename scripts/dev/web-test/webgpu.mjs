@@ -6,7 +6,11 @@
 // - the losses equal the CPU reference's (`--backend sim --profile wgpu`) within 1e-4 relative;
 // - the allocator's events equal the simulator's with the wgpu profile, entry for entry once
 //   addresses are made (segment, offset) as `cachalot_trace::normalized` does;
-// - a screenshot after the run shows the segment map with segments in it.
+// - a screenshot after the run shows the segment map with segments in it;
+// - the page's Compare tab, given seeds.expected.json, shows the marks table and names the
+//   reasons `cachalot compare` gives for the native wgpu run;
+// - GPU faults (a validation error, the device lost; during and after runs) are shown, and the
+//   page runs again without a reload.
 //
 // With CACHALOT_REQUIRE_GPU=1 a page without a WebGPU adapter fails; otherwise it is reported
 // and the WebGPU checks are skipped (never counted as passed).
@@ -138,6 +142,90 @@ const firstDifference = (a, b) => {
   return null;
 };
 
+// GPU errors are shown, never swallowed, and the page stays usable without a reload: a
+// validation error during a run and after it, the device lost while idle and during a run
+// (`inject_gpu_fault`: an invalid buffer; `GPUDevice.destroy()`), each followed by runs that
+// work (on a new device the page requests by itself, and on the simulator).
+const gpuFaults = async (page, check, run, gpu, errors) => {
+  const wait = (f, arg, timeout = 60000) => page.waitForFunction(f, arg, { timeout, polling: 100 });
+  const logged = errors.length;
+  const ready = () => wait(() => JSON.parse(window.cachalot.gpu_status()).adapter.state === "ready", null, 120000);
+  const untilStopped = async () => {
+    try {
+      await wait(() => !JSON.parse(window.cachalot.gpu_status()).run.running, null, 90000);
+      return true;
+    } catch {
+      await page.evaluate(() => window.cachalot.stop_gpu_run());
+      await wait(() => !JSON.parse(window.cachalot.gpu_status()).run.running);
+      return false;
+    }
+  };
+  const long = { experiment: "mlp-train", backend: "webgpu", steps: 1000, budget_mib: 2048 };
+  const started = () => wait(() => JSON.parse(window.cachalot.gpu_status()).run.marks >= 2, null, 120000);
+
+  // A validation error during a run: the run's errors name it, the run goes on to its end.
+  await page.evaluate((s) => window.cachalot.run_on_gpu(JSON.stringify(s)), { ...long, steps: 6 });
+  await started();
+  await page.evaluate(() => window.cachalot.inject_gpu_fault("validation"));
+  const ended = await untilStopped();
+  let status = await gpu();
+  const during = status.run.device_errors.join(" | ");
+  check(ended && status.run.result && status.run.result.record.error === null, `a validation error during a run: the run still finishes (${status.run.result && status.run.result.record.error})`);
+  check(/WebGPU error/.test(during) && /usage/i.test(during), `a validation error during a run is shown with the run (${during.slice(0, 200)})`);
+
+  // A validation error while no run is going: the window shows it.
+  await page.evaluate(() => window.cachalot.inject_gpu_fault("validation"));
+  await wait(() => JSON.parse(window.cachalot.gpu_status()).gpu_errors.length > 0, null, 30000).catch(() => {});
+  status = await gpu();
+  const idle = status.gpu_errors.join(" | ");
+  check(/WebGPU error/.test(idle) && /usage/i.test(idle), `a validation error after a run is shown in the window (${idle.slice(0, 200)})`);
+
+  // The device lost while idle: shown, a new device is requested, and a run works on it.
+  await page.evaluate(() => window.cachalot.inject_gpu_fault("device-loss"));
+  await wait(() => JSON.parse(window.cachalot.gpu_status()).gpu_errors.some((e) => e.includes("device lost")), null, 30000).catch(() => {});
+  status = await gpu();
+  const lost = status.gpu_errors.filter((e) => e.includes("device lost")).join(" | ");
+  check(lost.length > 0, `the device's loss is shown (${lost.slice(0, 200) || status.gpu_errors.join(" | ")})`);
+  await ready();
+  {
+    const { status, snap } = await run({ experiment: "seeds", backend: "webgpu", budget_mib: 2048 });
+    const d = firstDifference(marksOf(snap), marksOf(snapshot("seeds.wgpu.json")));
+    check(status.run.result.record.error === null && d === null, `after the device was lost, seeds runs on a new WebGPU device with the native marks${d ? ": " + d : ""}`);
+  }
+
+  // The device lost during a run: the run ends with a readable error instead of hanging,
+  // and the page runs again.
+  const lostBefore = (await gpu()).gpu_errors.filter((e) => e.includes("new one is being requested")).length;
+  await page.evaluate((s) => window.cachalot.run_on_gpu(JSON.stringify(s)), long);
+  await started();
+  await page.evaluate(() => window.cachalot.inject_gpu_fault("device-loss"));
+  const endedByItself = await untilStopped();
+  status = await gpu();
+  const withRun = status.run.device_errors.filter((e) => e.includes("device lost")).join(" | ");
+  check(endedByItself && status.run.marks < 1000, `a run whose device is lost ends by itself (after ${status.run.marks} marks: ${status.run.result && status.run.result.record.error})`);
+  check(withRun.length > 0, `the run says its device was lost (${withRun || status.run.device_errors.join(" | ")})`);
+  // Then (the run over) the window says a new device is being requested, and gets one.
+  await wait((n) => {
+    const s = JSON.parse(window.cachalot.gpu_status());
+    return s.gpu_errors.filter((e) => e.includes("new one is being requested")).length > n;
+  }, lostBefore, 30000).catch(() => {});
+  status = await gpu();
+  check(status.gpu_errors.filter((e) => e.includes("new one is being requested")).length > lostBefore, "the window says a new device is being requested");
+  await ready();
+  {
+    const { status } = await run({ experiment: "mlp-train", backend: "webgpu", steps: 2, budget_mib: 2048 });
+    check(status.run.result.record.error === null, `after a loss during a run, the next WebGPU run works (${status.run.result.record.error})`);
+    const sim = await run({ experiment: "seeds", backend: "sim", budget_mib: 2048 });
+    const d = firstDifference(marksOf(sim.snap), marksOf(snapshot("seeds.sim-wgpu.json")));
+    check(sim.status.run.result.record.error === null && d === null, `and a simulator run works${d ? ": " + d : ""}`);
+  }
+  const panicked = await page.evaluate(() => window.cachalot.has_panicked());
+  check(!panicked, "after the GPU faults the app did not panic");
+  // What the console got meanwhile is the page's report of those errors, nothing else.
+  const other = errors.slice(logged).filter((e) => !/WebGPU|device|lost|destroyed|usage|GPU/i.test(e));
+  check(other.length === 0, `no other console errors during the GPU faults${other.length ? ": " + other.join(" | ") : ""}`);
+};
+
 // One browser's checks; `full` adds the OOM, the run after it and the screenshot.
 const session = async (name, browser, full) => {
   const check = (ok, message) => checkIn(ok, `${name}: ${message}`);
@@ -215,6 +303,70 @@ const session = async (name, browser, full) => {
         check(m === null && page_.marks.length === 12, `seeds: compared with seeds.expected.json, the page's ${page_.marks.length} marks read as the native wgpu run's${m ? ": " + m : ""}`);
         const r = firstDifference(page_.reasons, native_.reasons);
         check(r === null && page_.reasons.length > 0, `seeds: the same ${page_.reasons.length} reasons as for the native wgpu run${r ? ": " + r : ""}`);
+
+        // The page's own Compare tab, given the same expected.json as an upload gives it: the
+        // same marks table (equal / different) and the same reasons as `cachalot compare` of
+        // the native wgpu run, from the simulator reruns the page ran between its frames.
+        const text = readFileSync(`${refs}/seeds.expected.json`, "utf8");
+        const runName = status.run.name;
+        // Frames drawn while the page compares (each simulator rerun is one frame's work).
+        await page.evaluate(() => {
+          window.__frames = 0;
+          const count = () => {
+            window.__frames += 1;
+            if (window.__counting) requestAnimationFrame(count);
+          };
+          window.__counting = true;
+          requestAnimationFrame(count);
+        });
+        await page.waitForFunction(
+          ([t, n]) => {
+            try {
+              window.cachalot.compare_with_expected("seeds.expected.json", t, n);
+              return true;
+            } catch (e) {
+              return false; // the run's tab still takes in its last entries
+            }
+          },
+          [text, runName],
+          { timeout: 60000, polling: 200 },
+        );
+        const comparing = Date.now();
+        let framesWhile = 0;
+        await page.waitForFunction(
+          () => {
+            const s = JSON.parse(window.cachalot.compare_status());
+            return s && !s.running && s.answer;
+          },
+          null,
+          { timeout: 120000, polling: 50 },
+        );
+        const drawn = await page.evaluate(() => {
+          window.__counting = false;
+          return window.__frames;
+        });
+        framesWhile = await page.evaluate(() => new Promise((done) => requestAnimationFrame(() => done(1))));
+        const cmp = JSON.parse(await page.evaluate(() => window.cachalot.compare_status()));
+        console.log(`seeds: the page's comparison with seeds.expected.json took ${((Date.now() - comparing) / 1000).toFixed(1)} s, ${drawn} animation frames meanwhile`);
+        check(drawn >= 4, `seeds: the page kept drawing while it compared (${drawn} frames: a rerun on the simulator per frame)`);
+        check(!cmp.answer.error, `seeds: the page's Compare tab explains the run against seeds.expected.json${cmp.answer.error ? ": " + cmp.answer.error : ""}`);
+        // `cachalot compare`'s table rows: "label  A-cell  B-cell", cells `x / y`, `=` or `—`.
+        const cell = "(—|=|[\\d,]+ / [\\d,]+\\*?)";
+        const row = new RegExp(`^\\s*(\\S+)\\s+${cell}\\s+${cell}\\s*$`);
+        const cliRows = native_.marks.map((l) => { const m = l.match(row); return m ? `${m[1]} | ${m[2]} | ${m[3]}` : `unparsed: ${l}`; });
+        const pageRows = (cmp.answer.marks || []).map((cells) => cells.join(" | "));
+        const pm = firstDifference(pageRows, cliRows);
+        check(pm === null && pageRows.length === 12, `seeds: the page's marks side by side (${pageRows.filter((r) => r.endsWith("*")).length} of ${pageRows.length} differ) read as \`cachalot compare\`'s for the native wgpu run${pm ? ": " + pm : ""}`);
+        const pageReasons = (cmp.answer.reasons || []).map((l) => l.replaceAll(runName, "B"));
+        const cliReasons = native_.reasons.map((l) => l.trim());
+        const pr = firstDifference(pageReasons, cliReasons);
+        check(pr === null && pageReasons.length > 0, `seeds: the page names the same ${pageReasons.length} reasons as \`cachalot compare\`${pr ? ": " + pr : ""}`);
+        check(cmp.answer.verdict_ok === (native_.status === 0), `seeds: the page's verdict (every difference explained: ${cmp.answer.verdict_ok}) is the command line's`);
+        check(framesWhile === 1, "seeds: the page draws frames after the comparison");
+        // The Compare tab as the page shows it, then back to the segment map for the rest.
+        await page.waitForTimeout(500);
+        await page.screenshot({ path: shot.replace(/\.png$/, "-compare.png") });
+        await page.evaluate(() => window.cachalot.show_view("Segments"));
       }
     }
 
@@ -317,6 +469,7 @@ const session = async (name, browser, full) => {
     const panicked = await page.evaluate(() => window.cachalot.has_panicked());
     check(!panicked, "the app did not panic");
     check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
+    if (full) await gpuFaults(page, check, run, gpu, errors);
   }
   } catch (error) {
     failures.push(`${name}: ${error}`);
