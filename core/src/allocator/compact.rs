@@ -235,6 +235,7 @@ impl<B: Backend> CachingAllocator<B> {
 
 #[cfg(test)]
 mod tests {
+    use crate::backend::{Backend, BackendError, DeviceFacts};
     use crate::config::{AllocatorConfig, Policy};
     use crate::size::MIB;
     use crate::{CachingAllocator, SimBackend, StreamId};
@@ -332,6 +333,62 @@ mod tests {
         let stats = allocator.stats();
         assert_eq!((stats.num_device_alloc, stats.num_device_free), (3, 0));
         assert_eq!(allocator.memory_reserved(), 10 * MIB);
+        allocator.check_consistency().unwrap();
+    }
+
+    /// The simulator without page mapping, as wgpu is: the policy then takes ordinary segments.
+    struct Unmappable {
+        sim: SimBackend,
+        facts: DeviceFacts,
+    }
+
+    impl Backend for Unmappable {
+        type Event = <SimBackend as Backend>::Event;
+
+        fn device(&self) -> &DeviceFacts {
+            &self.facts
+        }
+        fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
+            self.sim.allocate_segment(size, stream)
+        }
+        fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+            self.sim.free_segment(address, size)
+        }
+        fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+            self.sim.memory_info()
+        }
+        fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
+            self.sim.record_event(stream)
+        }
+        fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
+            self.sim.query_event(event)
+        }
+        fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
+            self.sim.synchronize_event(event)
+        }
+    }
+
+    #[test]
+    fn without_pages_whole_segments_go_back_largest_first_until_the_miss_fits() {
+        let sim = SimBackend::new(80 << 30);
+        let facts = DeviceFacts { supports_expandable_segments: false, ..sim.device().clone() };
+        let config = AllocatorConfig::parse("policy:cachalot").unwrap();
+        let mut allocator = CachingAllocator::new(Unmappable { sim, facts }, config).unwrap();
+        let live: Vec<_> =
+            [8, 4, 6, 2].iter().map(|&m| allocator.malloc(m * MIB, StreamId::DEFAULT).unwrap()).collect();
+        let [a, b, c, _] = live.try_into().unwrap();
+        for freed in [a, b, c] {
+            allocator.free(freed).unwrap();
+        }
+        assert_eq!((allocator.memory_reserved(), allocator.stats().max_memory_reserved()), (20 * MIB, 20 * MIB));
+        // 9 MiB takes a segment of 10 and passes the peak by 10: the 8 and the 6 MiB segments
+        // go back, the 4 MiB one stays cached and serves the next 4 MiB.
+        allocator.malloc(9 * MIB, StreamId::DEFAULT).unwrap();
+        assert_eq!(allocator.memory_reserved(), 16 * MIB);
+        assert_eq!(allocator.stats().num_device_free, 2);
+        let allocs = allocator.stats().num_device_alloc;
+        allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
+        assert_eq!(allocator.stats().num_device_alloc, allocs, "a hit");
         allocator.check_consistency().unwrap();
     }
 
