@@ -446,6 +446,16 @@ impl FreeIndex {
         self.weigh_recent(stream, listed, |k| k < key, true)
     }
 
+    /// The streams with free blocks in the set, each once (for walks over each stream's largest
+    /// blocks, which visit only what they use instead of every free block).
+    pub(crate) fn streams(&self) -> Vec<StreamId> {
+        let mut streams: Vec<StreamId> = self.streams.iter().map(|classes| classes.stream).collect();
+        if self.recent.id != NIL && !streams.contains(&self.recent.stream) {
+            streams.push(self.recent.stream);
+        }
+        streams
+    }
+
     /// All blocks in set order.
     pub(crate) fn to_vec(&self) -> Vec<u32> {
         let mut entries = Vec::with_capacity(self.listed + 1);

@@ -1,7 +1,11 @@
 //! Replays an op file a given number of times on the simulator, in a plain process with nothing
 //! else in it: for profilers that count a whole run, such as callgrind.
 //!
-//! `cargo run --release -p cachalot-trace --example replay -- FILE.ops N`
+//! `cargo run --release -p cachalot-trace --example replay -- FILE.ops N [SETTINGS]`
+//!
+//! SETTINGS is an allocator configuration string (e.g. `policy:cachalot`); PyTorch's defaults
+//! without it. Each replay's device calls (segment allocations and page maps; frees and unmaps)
+//! are printed, which shows whether a job replayed again reaches a steady state.
 //!
 //! The difference between the counts of N and M replays, divided by (N - M) times the file's ops,
 //! is the cost of one op with the cache warm, free of parsing and start-up:
@@ -26,19 +30,30 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [path, replays] = args.as_slice() else {
-        return Err("usage: replay FILE.ops REPLAYS".into());
+    let (path, replays, settings) = match args.as_slice() {
+        [path, replays] => (path, replays, ""),
+        [path, replays, settings] => (path, replays, settings.as_str()),
+        _ => return Err("usage: replay FILE.ops REPLAYS [SETTINGS]".into()),
     };
     let replays: usize = replays.parse().map_err(|_| format!("REPLAYS '{replays}' is not a count"))?;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let ops = OpFile::parse(&text).map_err(|e| format!("{path}: {e}"))?;
-    let mut allocator = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), AllocatorConfig::default())
-        .map_err(|e| e.to_string())?;
+    let config = AllocatorConfig::parse(settings).map_err(|e| format!("settings '{settings}': {e}"))?;
+    let mut allocator =
+        CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), config).map_err(|e| e.to_string())?;
     let mut handles = vec![None; ops.handles];
-    for _ in 0..replays {
+    for replay in 1..=replays {
+        let before = (allocator.stats().num_device_alloc, allocator.stats().num_device_free);
         ops.replay(&mut allocator, &mut handles, true).map_err(|e| format!("{path}: {e}"))?;
         // As the timed harness does: what a replay leaves live is freed before the next.
         OpFile::free_live(&mut allocator, &mut handles).map_err(|e| format!("{path}: {e}"))?;
+        let stats = allocator.stats();
+        println!(
+            "replay {replay}: {} device allocs, {} device frees; peak reserved {} bytes",
+            stats.num_device_alloc - before.0,
+            stats.num_device_free - before.1,
+            stats.max_memory_reserved()
+        );
     }
     println!("{} ops x {replays} replays; {} bytes reserved at the end", ops.ops.len(), allocator.memory_reserved());
     Ok(())
