@@ -55,6 +55,8 @@ pub mod native;
 pub mod web;
 #[cfg(target_arch = "wasm32")]
 pub mod web_run;
+#[cfg(target_arch = "wasm32")]
+mod web_warm;
 
 pub use app::ViewerApp;
 pub use model::Run;

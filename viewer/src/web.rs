@@ -106,6 +106,7 @@ impl WebHandle {
                     }
                     let runs = WebRuns::default();
                     runs.request_adapter(&cc.egui_ctx);
+                    wasm_bindgen_futures::spawn_local(crate::web_warm::warm_up());
                     Ok(Box::new(WebApp { viewer, runs, ctx: cc.egui_ctx.clone() }))
                 }),
             )

@@ -843,7 +843,7 @@ pub fn torch_pickle(result: &RunResult) -> Result<Vec<u8>, String> {
 }
 
 /// Waits `ms` milliseconds without blocking (a `setTimeout` promise).
-async fn sleep_ms(ms: i32) {
+pub(crate) async fn sleep_ms(ms: i32) {
     let promise = js_sys::Promise::new(&mut |resolve, _| {
         if let Some(window) = web_sys::window() {
             let _ = window.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms);
