@@ -93,9 +93,10 @@ const SHAPES: [Shape; 8] = [
     Shape {
         name: "live blocks; garbage collection releases at every malloc",
         settings: "garbage_collection_threshold:0.3",
-        // 64 MiB allowed, collected above 19.2: the live blocks' 2-20 MiB and a cached 24 MiB
-        // segment are above it, so each malloc's collector releases the other stream's segment.
-        fraction: Some((64 * MIB) as f64 / DEVICE as f64),
+        // 64 MiB allowed beside the live blocks' segments (set below), collected above 30% of
+        // it: the live blocks and a cached 24 MiB segment are above that, so each malloc's
+        // collector releases the other stream's segment.
+        fraction: None,
         device: DEVICE,
         keeps_live: true,
         cycle: Cycle::Churn { empty_cache: false },
@@ -174,13 +175,20 @@ fn record(
 ) -> Result<(torch::TorchSnapshot, ReplayOptions), Box<dyn std::error::Error>> {
     let config = AllocatorConfig::parse(shape.settings)?;
     let live = if shape.keeps_live { cycles } else { 0 };
+    // The live blocks' 2 MiB segments.
+    let live_segments = (live * 512).div_ceil(2 * MIB) * 2 * MIB;
     let device = match shape.cycle {
         // The device holds the live blocks' 2 MiB segments besides.
-        Cycle::Oversize => shape.device + (live * 512).div_ceil(2 * MIB) * 2 * MIB,
+        Cycle::Oversize => shape.device + live_segments,
         _ => shape.device,
     };
+    // The collector's shape allows 64 MiB beside the live blocks' segments.
+    let fraction = match shape.settings.contains("garbage_collection") && shape.keeps_live {
+        true => Some((live_segments + 64 * MIB) as f64 / device as f64),
+        false => shape.fraction,
+    };
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone())?;
-    if let Some(fraction) = shape.fraction {
+    if let Some(fraction) = fraction {
         allocator.set_memory_fraction(fraction)?;
     }
     allocator.record_history(true, usize::MAX, &[], false);
@@ -218,7 +226,7 @@ fn record(
     let snapshot = torch::from_allocator(&allocator, None);
     let options = ReplayOptions {
         config,
-        memory_fraction: shape.fraction,
+        memory_fraction: fraction,
         device_total: device,
         device: 0,
         calls: None,

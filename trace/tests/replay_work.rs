@@ -6,6 +6,8 @@
 //! change that brings one back fails here, with no timing involved; each replay must also match
 //! its recording exactly.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
 use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
