@@ -13,13 +13,18 @@ use proptest::prelude::*;
 const MIB: u64 = 1 << 20;
 
 /// One step of a workload: a malloc of `size` on stream `stream % 3`, a free of the live
-/// allocation `pick % live`, or `empty_cache`.
+/// allocation `pick % live` (after its use on a busy side stream, with `deferred`, so that the
+/// free waits for it), the side stream's work finishing, or `empty_cache`.
 #[derive(Clone, Debug)]
 enum Op {
     Malloc { size: u64, stream: u64 },
-    Free { pick: usize },
+    Free { pick: usize, deferred: bool },
+    FinishSideStream,
     EmptyCache,
 }
+
+/// The stream whose work a deferred free waits for.
+const SIDE: StreamId = StreamId(0x900);
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -27,7 +32,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(size, stream)| Op::Malloc { size, stream }),
         // Larger than some devices, or than the VA an expandable segment reserves on them.
         1 => ((400u64 << 20)..(1200 << 20), 0u64..3).prop_map(|(size, stream)| Op::Malloc { size, stream }),
-        3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        3 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(pick, deferred)| Op::Free { pick, deferred }),
+        1 => Just(Op::FinishSideStream),
         1 => Just(Op::EmptyCache),
     ]
 }
@@ -55,6 +61,8 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
         match *op {
             Op::Malloc { size, stream } => {
                 let stream = StreamId(0x100 + stream);
+                // As a replay does before asking: the malloc's own first step.
+                allocator.process_events().unwrap();
                 let free = total - allocator.backend().used();
                 let releases = allocator.releases_of_malloc(size, stream, free);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
@@ -76,12 +84,17 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
                     Err(other) => return Err(TestCaseError::fail(format!("{settings}: op {n}: {other}"))),
                 }
             }
-            Op::Free { pick } => {
+            Op::Free { pick, deferred } => {
                 if !live.is_empty() {
                     let allocation = live.swap_remove(pick % live.len());
+                    if deferred {
+                        allocator.backend_mut().hold_stream(SIDE);
+                        allocator.record_stream(&allocation, SIDE).unwrap();
+                    }
                     allocator.free(allocation).unwrap();
                 }
             }
+            Op::FinishSideStream => allocator.backend_mut().finish_stream(SIDE),
             Op::EmptyCache => allocator.empty_cache().unwrap(),
         }
     }

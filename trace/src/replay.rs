@@ -184,8 +184,9 @@ pub struct ReplayOutcome {
     /// asked for them (else empty).
     pub calls: Vec<ReplayCall>,
     /// How many times the replay copied the allocator's live state to try a malloc, where the
-    /// state alone did not tell what the malloc would do (cross-stream frees outstanding,
-    /// private pools, pages mapped in pieces, reservations of a failing request): each copy
+    /// state alone did not tell what the malloc would do (a full release while a cross-stream
+    /// free is outstanding, private pools, pages mapped in pieces; see
+    /// [`CachingAllocator::releases_of_malloc`]): each copy
     /// costs the live blocks, so a shape that needed one per entry would replay in quadratic
     /// time. The tests hold it to zero for the shapes that once did.
     pub trial_copies: usize,
@@ -569,11 +570,19 @@ pub fn replay_observed(
                     .count();
                 // Where the program's calls are known, a release no call explains is the next
                 // malloc's (and a difference shows as an extra or a missing segment event).
-                if options.calls.is_none() && !released_by_next_malloc(&allocator, trace, i, run, &mut trial_copies) {
-                    empty_cache_points.push(i);
-                    call(ReplayCall::EmptyCache { index: i });
-                    if let Err(error) = allocator.empty_cache() {
-                        divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
+                if options.calls.is_none() {
+                    // Cross-stream frees whose work is done complete first under either
+                    // explanation (the malloc's first step, or empty_cache's synchronization),
+                    // so they are completed before asking what the malloc would release.
+                    if let Err(error) = allocator.process_events() {
+                        divergences.push(Divergence { index: i, message: format!("event query failed: {error}") });
+                    }
+                    if !released_by_next_malloc(&allocator, trace, i, run, &mut trial_copies) {
+                        empty_cache_points.push(i);
+                        call(ReplayCall::EmptyCache { index: i });
+                        if let Err(error) = allocator.empty_cache() {
+                            divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
+                        }
                     }
                 }
                 i += run;

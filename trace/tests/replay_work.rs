@@ -28,6 +28,20 @@ enum Cycle {
 
 /// Records `cycles` cycles after making `live` small blocks that stay, and replays the trace.
 fn replay_shape(settings: &str, fraction: Option<f64>, device: u64, live: u64, cycle: Cycle, cycles: u64) -> usize {
+    replay_shape_pending(settings, fraction, device, live, cycle, cycles, false)
+}
+
+/// [`replay_shape`], with one more small block first freed after use on a side stream whose
+/// work never ends, if `pending`: its free stays outstanding for the whole trace.
+fn replay_shape_pending(
+    settings: &str,
+    fraction: Option<f64>,
+    device: u64,
+    live: u64,
+    cycle: Cycle,
+    cycles: u64,
+    pending: bool,
+) -> usize {
     let config = AllocatorConfig::parse(settings).unwrap();
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone()).unwrap();
     if let Some(fraction) = fraction {
@@ -36,6 +50,13 @@ fn replay_shape(settings: &str, fraction: Option<f64>, device: u64, live: u64, c
     allocator.record_history(true, usize::MAX, &[], false);
     let stream = |n: u64| StreamId(0x1000 + n * 0x10);
     let kept: Vec<_> = (0..live).map(|_| allocator.malloc(512, stream(0)).unwrap()).collect();
+    if pending {
+        let side = StreamId(0x900);
+        let used = allocator.malloc(512, stream(0)).unwrap();
+        allocator.backend_mut().hold_stream(side);
+        allocator.record_stream(&used, side).unwrap();
+        allocator.free(used).unwrap();
+    }
     for n in 0..cycles {
         match cycle {
             Cycle::Churn => {
@@ -80,6 +101,14 @@ fn garbage_collection_at_every_malloc_copies_nothing() {
     // stream's cached segment.
     let fraction = Some((64 * MIB) as f64 / (80u64 << 30) as f64);
     assert_eq!(replay_shape("garbage_collection_threshold:0.3", fraction, 80 << 30, 300, Cycle::Churn, 60), 0);
+}
+
+#[test]
+fn a_free_left_pending_on_another_stream_copies_nothing() {
+    let fraction = Some((64 * MIB) as f64 / (80u64 << 30) as f64);
+    let copies =
+        replay_shape_pending("garbage_collection_threshold:0.3", fraction, 80 << 30, 300, Cycle::Churn, 60, true);
+    assert_eq!(copies, 0);
 }
 
 #[test]

@@ -398,16 +398,21 @@ impl<B: Backend> CachingAllocator<B> {
     /// It reads only the free blocks of the request's pool and the blocks the steps would
     /// touch, never the allocated ones, so a replay can ask it at every release it must
     /// explain (`cachalot replay`), where trying the malloc on a copy cost a copy of every live
-    /// block. `None` where the state does not tell without trying: cross-stream frees
-    /// outstanding (the malloc completes them first), private pools, allocations routed to a
-    /// pool, or expandable pages that the request would map in more than one piece.
+    /// block. Cross-stream frees still outstanding are taken as not yet completed (call
+    /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
+    /// the full release leave them pending. `None` where the state does not tell without
+    /// trying: the full release (which waits for them) reached while some are outstanding,
+    /// private pools, allocations routed to a pool, or expandable pages that the request would
+    /// map in more than one piece.
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
         use crate::config::Policy;
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream)?;
+        let request = self.plannable_request(size, stream, true)?;
+        // The full release completes outstanding frees first, which may free more.
+        let pending = self.events.values().any(|q| !q.is_empty());
         if self.plan_hit(&request) {
             return Some(0);
         }
@@ -419,18 +424,18 @@ impl<B: Backend> CachingAllocator<B> {
         {
             // Both default pools given back, as the full release would: nothing is left for
             // the later steps to release, whether or not the malloc then fits.
-            return Some(releasable);
+            return (!pending).then_some(releasable);
         }
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
         }
-        if plan.releases == releasable || self.plan_fits(&request, &plan, device_free)? {
+        if (plan.releases == releasable && !pending) || self.plan_fits(&request, &plan, device_free)? {
             return Some(plan.releases);
         }
         if self.plan_oversize_release(&request, &mut plan) && self.plan_fits(&request, &plan, device_free)? {
             return Some(plan.releases);
         }
-        Some(releasable)
+        (!pending).then_some(releasable)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
@@ -444,7 +449,7 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream)?;
+        let request = self.plannable_request(size, stream, false)?;
         if !request.expandable || self.plan_hit(&request) {
             return Some(0);
         }
@@ -510,11 +515,13 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The request a malloc would make, where the state can tell what it does: no allocations
-    /// routed to a pool, no private pools, no cross-stream frees outstanding.
-    fn plannable_request(&self, size: u64, stream: StreamId) -> Option<super::malloc::Request> {
+    /// routed to a pool, no private pools, and no cross-stream frees outstanding unless
+    /// `pending_allowed`.
+    fn plannable_request(&self, size: u64, stream: StreamId, pending_allowed: bool) -> Option<super::malloc::Request> {
         use crate::config::Policy;
         use crate::size::{allocation_size, round_size};
-        if !self.routing.is_empty() || self.private.len() != 0 || self.events.values().any(|q| !q.is_empty()) {
+        let pending = self.events.values().any(|q| !q.is_empty());
+        if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
             return None;
         }
         Some(match self.config.policy() {
