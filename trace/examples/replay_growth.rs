@@ -1,12 +1,18 @@
 //! How replay time grows with the number of trace entries, for the trace shapes whose release
-//! runs the replay cannot explain from the trace's order alone: a memory fraction, the garbage
-//! collector, expandable segments, and a fraction so tight that each malloc releases the cache
-//! itself. Each shape churns segments across `STREAMS` streams (a 24 MiB tensor allocated on
-//! the next stream, freed, and its memory released by `empty_cache`, or by the next malloc in
-//! the tight shape) for `CYCLES`, 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed
-//! and checked against its recording, and the table gives the median replay time of `RUNS`
-//! runs and its ratio to the first size's. Linear growth is 1, 2, 4; the replay once copied
-//! the whole allocator, history included, at every release run of these shapes (4, 16).
+//! runs the replay cannot explain from the trace's order alone. The first four churn segments
+//! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
+//! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
+//! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
+//! the cache itself. The last four also keep as many small blocks live as they have cycles, so
+//! that a replay that copied the live state at every release it had to explain would pay for
+//! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
+//! chain releases a cached segment at every malloc (the oversize release, then the full one);
+//! an out-of-memory error at every cycle with expandable segments; and `policy:cachalot` with
+//! pages, whose misses return the cache before each new peak. Each shape runs for `CYCLES`,
+//! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
+//! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
+//! first size's. Linear growth is 1, 2, 4; quadratic 1, 4, 16. `SHAPES` (e.g. `5,6,7,8`) picks
+//! shapes by number.
 //!
 //! ```sh
 //! cargo run --release -p cachalot-trace --example replay_growth -- 1000 25000 3
@@ -14,38 +20,111 @@
 
 use std::time::Instant;
 
-use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
+use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
 use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
-const USAGE: &str = "usage: replay_growth STREAMS CYCLES [RUNS]";
+const USAGE: &str = "usage: replay_growth STREAMS CYCLES [RUNS] [SHAPES]";
 const DEVICE: u64 = 80 << 30;
-const TENSOR: u64 = 24 << 20;
+const MIB: u64 = 1 << 20;
+const TENSOR: u64 = 24 * MIB;
 
-/// One trace shape: its settings, its memory fraction, and whether the program calls
-/// `empty_cache` after each free (otherwise the next malloc has to release the cache).
+/// What each cycle of a shape does.
+#[derive(Clone, Copy)]
+enum Cycle {
+    /// A 24 MiB tensor on the next stream, freed, then `empty_cache` if asked (otherwise the
+    /// next malloc has to release the cache).
+    Churn { empty_cache: bool },
+    /// On one stream: 64 MiB, freed, then 24 MiB, freed. On a device too small for both, the
+    /// 24 MiB malloc's oversize release frees the cached 64 MiB segment, and the 64 MiB
+    /// malloc's oversize release frees the cached 24 MiB one, then its full release runs.
+    Oversize,
+    /// On the next stream: a request for the whole device, which fails (reserving VA for the
+    /// stream), then 24 MiB, freed (mapped in that reservation). The next failure's full
+    /// release unmaps those pages and releases the reservation.
+    Oom,
+}
+
+/// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
+/// block live per cycle (allocated before the first), and its cycle.
 struct Shape {
     name: &'static str,
     settings: &'static str,
     fraction: Option<f64>,
-    empty_cache: bool,
+    device: u64,
+    keeps_live: bool,
+    cycle: Cycle,
 }
 
-const SHAPES: [Shape; 4] = [
-    Shape { name: "memory fraction 0.5", settings: "", fraction: Some(0.5), empty_cache: true },
+const SHAPES: [Shape; 8] = [
+    Shape {
+        name: "memory fraction 0.5",
+        settings: "",
+        fraction: Some(0.5),
+        device: DEVICE,
+        keeps_live: false,
+        cycle: Cycle::Churn { empty_cache: true },
+    },
     Shape {
         name: "fraction 0.5, garbage collection 0.6",
         settings: "garbage_collection_threshold:0.6",
         fraction: Some(0.5),
-        empty_cache: true,
+        device: DEVICE,
+        keeps_live: false,
+        cycle: Cycle::Churn { empty_cache: true },
     },
-    Shape { name: "expandable segments", settings: "expandable_segments:True", fraction: None, empty_cache: true },
+    Shape {
+        name: "expandable segments",
+        settings: "expandable_segments:True",
+        fraction: None,
+        device: DEVICE,
+        keeps_live: false,
+        cycle: Cycle::Churn { empty_cache: true },
+    },
     Shape {
         name: "fraction of 40 MiB: each malloc releases the cache",
         settings: "",
         // Room for one 24 MiB segment, not two: the next stream's malloc must release.
-        fraction: Some((40u64 << 20) as f64 / DEVICE as f64),
-        empty_cache: false,
+        fraction: Some((40 * MIB) as f64 / DEVICE as f64),
+        device: DEVICE,
+        keeps_live: false,
+        cycle: Cycle::Churn { empty_cache: false },
+    },
+    Shape {
+        name: "live blocks; garbage collection releases at every malloc",
+        settings: "garbage_collection_threshold:0.3",
+        // 64 MiB allowed beside the live blocks' segments (set below), collected above 30% of
+        // it: the live blocks and a cached 24 MiB segment are above that, so each malloc's
+        // collector releases the other stream's segment.
+        fraction: None,
+        device: DEVICE,
+        keeps_live: true,
+        cycle: Cycle::Churn { empty_cache: false },
+    },
+    Shape {
+        name: "live blocks; a full device: oversize and full release",
+        settings: "max_split_size_mb:20",
+        fraction: None,
+        // Beside the live blocks' segments: 64 MiB fits, and so does 24, but not both.
+        device: 87 * MIB,
+        keeps_live: true,
+        cycle: Cycle::Oversize,
+    },
+    Shape {
+        name: "live blocks; expandable segments, an OOM every cycle",
+        settings: "expandable_segments:True",
+        fraction: None,
+        device: 1 << 30,
+        keeps_live: true,
+        cycle: Cycle::Oom,
+    },
+    Shape {
+        name: "live blocks; policy:cachalot, expandable segments",
+        settings: "policy:cachalot,expandable_segments:True",
+        fraction: None,
+        device: DEVICE,
+        keeps_live: true,
+        cycle: Cycle::Churn { empty_cache: false },
     },
 ];
 
@@ -54,10 +133,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let streams: u64 = args.next().ok_or(USAGE)?.parse()?;
     let cycles: u64 = args.next().ok_or(USAGE)?.parse()?;
     let runs: usize = args.next().map_or(Ok(3), |r| r.parse())?;
+    let picked: Vec<usize> = match args.next() {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => (1..=SHAPES.len()).collect(),
+    };
     println!("{streams} streams; median of {runs} replays; ratio to the first row of each shape");
     println!("| shape | cycles | entries | replay (s) | ratio |");
     println!("| --- | ---: | ---: | ---: | ---: |");
-    for shape in &SHAPES {
+    for (number, shape) in SHAPES.iter().enumerate().filter(|(n, _)| picked.contains(&(n + 1))) {
         let mut first = None;
         for factor in [1, 2, 4] {
             let (snapshot, options) = record(shape, streams.max(1), cycles * factor)?;
@@ -72,7 +155,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let median = times[times.len() / 2];
             let base = *first.get_or_insert(median);
             let entries = snapshot.device_traces.first().map_or(0, Vec::len);
-            println!("| {} | {} | {entries} | {median:.3} | {:.2} |", shape.name, cycles * factor, median / base);
+            println!(
+                "| {}. {} | {} | {entries} | {median:.3} | {:.2} |",
+                number + 1,
+                shape.name,
+                cycles * factor,
+                median / base
+            );
         }
     }
     Ok(())
@@ -85,25 +174,60 @@ fn record(
     cycles: u64,
 ) -> Result<(torch::TorchSnapshot, ReplayOptions), Box<dyn std::error::Error>> {
     let config = AllocatorConfig::parse(shape.settings)?;
-    let mut allocator = CachingAllocator::new(SimBackend::new(DEVICE), config.clone())?;
-    if let Some(fraction) = shape.fraction {
+    let live = if shape.keeps_live { cycles } else { 0 };
+    // The live blocks' 2 MiB segments.
+    let live_segments = (live * 512).div_ceil(2 * MIB) * 2 * MIB;
+    let device = match shape.cycle {
+        // The device holds the live blocks' 2 MiB segments besides.
+        Cycle::Oversize => shape.device + live_segments,
+        _ => shape.device,
+    };
+    // The collector's shape allows 64 MiB beside the live blocks' segments.
+    let fraction = match shape.settings.contains("garbage_collection") && shape.keeps_live {
+        true => Some((live_segments + 64 * MIB) as f64 / device as f64),
+        false => shape.fraction,
+    };
+    let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone())?;
+    if let Some(fraction) = fraction {
         allocator.set_memory_fraction(fraction)?;
     }
     allocator.record_history(true, usize::MAX, &[], false);
     // PyTorch's streams are pointers; any distinct non-zero numbers do.
     let stream = |n: u64| StreamId(0x1000 + n * 0x10);
+    let mut kept = Vec::new();
+    for _ in 0..live {
+        kept.push(allocator.malloc(512, stream(0))?);
+    }
     for cycle in 0..cycles {
-        let tensor = allocator.malloc(TENSOR, stream(cycle % streams))?;
-        allocator.free(tensor)?;
-        if shape.empty_cache {
-            allocator.empty_cache()?;
+        match shape.cycle {
+            Cycle::Churn { empty_cache } => {
+                let tensor = allocator.malloc(TENSOR, stream(cycle % streams))?;
+                allocator.free(tensor)?;
+                if empty_cache {
+                    allocator.empty_cache()?;
+                }
+            }
+            Cycle::Oversize => {
+                for size in [64 * MIB, TENSOR] {
+                    let tensor = allocator.malloc(size, stream(0))?;
+                    allocator.free(tensor)?;
+                }
+            }
+            Cycle::Oom => {
+                match allocator.malloc(device, stream(cycle % streams)) {
+                    Err(AllocatorError::OutOfMemory(_)) => {}
+                    other => return Err(format!("expected an out-of-memory error, got {other:?}").into()),
+                }
+                let tensor = allocator.malloc(TENSOR, stream(cycle % streams))?;
+                allocator.free(tensor)?;
+            }
         }
     }
     let snapshot = torch::from_allocator(&allocator, None);
     let options = ReplayOptions {
         config,
-        memory_fraction: shape.fraction,
-        device_total: DEVICE,
+        memory_fraction: fraction,
+        device_total: device,
         device: 0,
         calls: None,
         record_calls: false,

@@ -183,6 +183,13 @@ pub struct ReplayOutcome {
     /// The allocator calls the replay made, in order, when [`ReplayOptions::record_calls`]
     /// asked for them (else empty).
     pub calls: Vec<ReplayCall>,
+    /// How many times the replay copied the allocator's live state to try a malloc, where the
+    /// state alone did not tell what the malloc would do (a full release while a cross-stream
+    /// free is outstanding, private pools, pages mapped in pieces; see
+    /// [`CachingAllocator::releases_of_malloc`]): each copy
+    /// costs the live blocks, so a shape that needed one per entry would replay in quadratic
+    /// time. The tests hold it to zero for the shapes that once did.
+    pub trial_copies: usize,
 }
 
 /// One call the replay made to the allocator: what the recorded program did, without the
@@ -404,6 +411,7 @@ pub fn replay_observed(
 
     let mut sim = SimBackend::new(options.device_total);
     let (segments, reservations) = planned_addresses(trace, options);
+    let shown = ShownReservations::new(trace, &reservations);
     sim.plan_segment_addresses(segments);
     sim.plan_reservation_addresses(reservations.iter().map(|r| r.base));
     let mut allocator = CachingAllocator::new(sim, options.config.clone())?;
@@ -440,6 +448,7 @@ pub fn replay_observed(
     let mut alloc_failed = false;
     // The first index after the current run of deferred completions (see FreeCompleted).
     let mut completions_end = 0;
+    let mut trial_copies = 0;
     let mut i = 0;
     while i < trace.len() {
         if i % 65_536 == 0 {
@@ -561,11 +570,19 @@ pub fn replay_observed(
                     .count();
                 // Where the program's calls are known, a release no call explains is the next
                 // malloc's (and a difference shows as an extra or a missing segment event).
-                if options.calls.is_none() && !released_by_next_malloc(&allocator, trace, i, run) {
-                    empty_cache_points.push(i);
-                    call(ReplayCall::EmptyCache { index: i });
-                    if let Err(error) = allocator.empty_cache() {
-                        divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
+                if options.calls.is_none() {
+                    // Cross-stream frees whose work is done complete first under either
+                    // explanation (the malloc's first step, or empty_cache's synchronization),
+                    // so they are completed before asking what the malloc would release.
+                    if let Err(error) = allocator.process_events() {
+                        divergences.push(Divergence { index: i, message: format!("event query failed: {error}") });
+                    }
+                    if !released_by_next_malloc(&allocator, trace, i, run, &mut trial_copies) {
+                        empty_cache_points.push(i);
+                        call(ReplayCall::EmptyCache { index: i });
+                        if let Err(error) = allocator.empty_cache() {
+                            divergences.push(Divergence { index: i, message: format!("empty_cache failed: {error}") });
+                        }
                     }
                 }
                 i += run;
@@ -576,7 +593,7 @@ pub fn replay_observed(
                 call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: true });
                 // The reservations a failing request makes are never mapped by it; the first
                 // one may be by a later request, which shows its address.
-                for address in oom_reservation_addresses(&allocator, trace, &reservations, i) {
+                for address in oom_reservation_addresses(&allocator, trace, &shown, i, &mut trial_copies) {
                     allocator.backend_mut().plan_reservation_next(address);
                 }
                 allocator.backend_mut().set_reservations_unplanned(true);
@@ -630,7 +647,16 @@ pub fn replay_observed(
     progress(trace.len(), trace.len());
     allocator.set_context(None);
     allocator.set_annotation_id(None);
-    Ok(ReplayOutcome { allocator, ooms, divergences, empty_cache_points, entries: trace.len(), device, calls })
+    Ok(ReplayOutcome {
+        allocator,
+        ooms,
+        divergences,
+        empty_cache_points,
+        entries: trace.len(),
+        device,
+        calls,
+        trial_copies,
+    })
 }
 
 /// Replays every device trace of `snapshot` at once, each on an allocator of its own (PyTorch
@@ -730,43 +756,104 @@ fn finish_sync_run(
 /// (whose reservations may lie lower) interleave theirs with these: a reservation the trace
 /// starts after `at`, for the stream and pool, is one of these only if its range stayed free of
 /// every other reservation the trace shows from `at` on (one of a later failure may have taken
-/// an address that was in use at `at`), and lies outside every reservation live after the
-/// failure (an earlier failure's, still unshown). Those never shown take addresses of the
-/// simulator's own.
+/// an address that was in use at `at`), and lies outside every reservation that was live before
+/// the failure and outlives it (an earlier failure's, still unshown). Those never shown take
+/// addresses of the simulator's own.
+///
+/// How many reservations the request makes is read off the allocator's state
+/// ([`CachingAllocator::reservations_of_failing_malloc`]); only where it does not tell is the
+/// request tried on a copy of the live state (counted in `trial_copies`).
 fn oom_reservation_addresses(
     allocator: &CachingAllocator<SimBackend>,
     trace: &[TraceEntry],
-    reservations: &[TraceReservation],
+    shown: &ShownReservations,
     at: usize,
+    trial_copies: &mut usize,
 ) -> Vec<u64> {
     let e = &trace[at];
-    let mut probe = allocator.trial_copy(allocator.backend().trial_copy());
-    probe.backend_mut().set_reservations_unplanned(true);
-    let before = probe.backend().reservations_made();
-    let _ = probe.malloc(e.size, e.stream);
-    let made = (probe.backend().reservations_made() - before) as usize;
     let small = e.size <= SMALL_SIZE;
-    let total = cachalot_core::Backend::device(allocator.backend()).total_memory;
-    let page = if small { SMALL_BUFFER } else { allocator.config().large_segment_size() };
-    let extent = (total + total / 8).div_ceil(page) * page;
-    let mut shown: Vec<u64> = Vec::new();
-    for r in reservations.iter().filter(|r| r.from > at) {
-        if shown.len() == made {
+    let Some(later) = shown.of_stream_and_pool(e.stream, small, at) else { return Vec::new() };
+    let sim = allocator.backend();
+    let (made, outlived) = match allocator.reservations_of_failing_malloc(e.size, e.stream) {
+        Some(made) => (made as usize, None),
+        None => {
+            *trial_copies += 1;
+            let mut probe = allocator.trial_copy(sim.trial_copy());
+            probe.backend_mut().set_reservations_unplanned(true);
+            let before = probe.backend().reservations_made();
+            let _ = probe.malloc(e.size, e.stream);
+            ((probe.backend().reservations_made() - before) as usize, Some(probe))
+        }
+    };
+    // A reservation live before the failure and after it; the failure's own new ones, at
+    // addresses of the simulator's own, are those the answer places.
+    let outlives = |base: u64| {
+        sim.is_reserved(base)
+            && match &outlived {
+                Some(probe) => probe.backend().is_reserved(base),
+                None => allocator.reservation_outlives_release(base),
+            }
+    };
+    let mut addresses = Vec::new();
+    for &n in later {
+        if addresses.len() == made {
             break;
         }
-        let range = r.base..r.base.saturating_add(extent);
-        let free_since_failure = !reservations
-            .iter()
-            .any(|other| other.from < r.from && other.until > at && other.base < range.end && range.start < other.end);
-        if trace[r.from].stream == e.stream
-            && r.small == small
-            && free_since_failure
-            && !probe.backend().is_reserved(r.base)
-        {
-            shown.push(r.base);
+        let r = &shown.all[n];
+        if shown.blocked_until[n] <= at && !outlives(r.base) {
+            addresses.push(r.base);
         }
     }
-    shown
+    addresses
+}
+
+/// The trace's VA reservations, indexed for [`oom_reservation_addresses`], which asks at every
+/// out-of-memory entry: by the stream and pool of the request that started them, and when each
+/// one's range was last taken by an earlier one.
+struct ShownReservations<'a> {
+    all: &'a [TraceReservation],
+    /// Indices into `all` by (stream of the first `segment_map`, small pool), in trace order.
+    by_owner: FxHashMap<(StreamId, bool), Vec<usize>>,
+    /// For each reservation, the last entry at which a reservation started before it and
+    /// overlapping its range was still live (0 if none): its range was free of others from
+    /// every later entry on until it started.
+    blocked_until: Vec<usize>,
+}
+
+impl<'a> ShownReservations<'a> {
+    fn new(trace: &[TraceEntry], all: &'a [TraceReservation]) -> Self {
+        let mut by_owner: FxHashMap<(StreamId, bool), Vec<usize>> = FxHashMap::default();
+        for (n, r) in all.iter().enumerate() {
+            by_owner.entry((trace[r.from].stream, r.small)).or_default().push(n);
+        }
+        // Earlier reservations by base and pool (which fixes their extent): the latest end.
+        let longest = all.iter().map(|r| r.end - r.base).max().unwrap_or(0);
+        let mut earlier: BTreeMap<(u64, bool), (u64, usize)> = BTreeMap::new();
+        let mut blocked_until = Vec::with_capacity(all.len());
+        for r in all {
+            let mut blocked = 0;
+            for (&(base, _), &(end, until)) in earlier.range(..(r.end, false)).rev() {
+                if base.saturating_add(longest) <= r.base {
+                    break;
+                }
+                if end > r.base {
+                    blocked = blocked.max(until);
+                }
+            }
+            blocked_until.push(blocked);
+            let slot = earlier.entry((r.base, r.small)).or_insert((r.end, 0));
+            slot.1 = slot.1.max(r.until);
+        }
+        ShownReservations { all, by_owner, blocked_until }
+    }
+
+    /// The reservations of `stream` and the pool (small or not) that the trace starts after
+    /// entry `at`, in order; `None` if there are none.
+    fn of_stream_and_pool(&self, stream: StreamId, small: bool, at: usize) -> Option<&[usize]> {
+        let list = self.by_owner.get(&(stream, small))?;
+        let first = list.partition_point(|&n| self.all[n].from <= at);
+        (first < list.len()).then(|| &list[first..])
+    }
 }
 
 /// Whether the deferred completion `trace[i]` follows a release of the same malloc (garbage
@@ -801,14 +888,17 @@ fn ends_sync_run(action: TraceAction) -> bool {
 }
 
 /// Decides whether the releases `trace[i..i + run]` are the work of the next malloc (garbage
-/// collection, the oversize release or the full release of the retry chain) or of an
-/// `empty_cache` call. Where the order of the trace leaves both possible, a copy of the
-/// allocator performs the next malloc to see.
+/// collection, the oversize release or the full release of the retry chain, `policy:cachalot`'s
+/// return of the cache) or of an `empty_cache` call: the malloc's, when it would release
+/// exactly `run` segments itself. That count is read off the allocator's state
+/// ([`CachingAllocator::releases_of_malloc`]); only where the state does not tell is the malloc
+/// tried on a copy of the live state (counted in `trial_copies`).
 fn released_by_next_malloc(
     allocator: &CachingAllocator<SimBackend>,
     trace: &[TraceEntry],
     i: usize,
     run: usize,
+    trial_copies: &mut usize,
 ) -> bool {
     let Some(next) = trace.get(i + run) else { return false };
     match next.action {
@@ -829,8 +919,17 @@ fn released_by_next_malloc(
                 // replay quadratic in the trace's length on traces that churn segments).
                 return false;
             }
-            // Garbage collection or a refusal would run: the malloc is tried on a copy of the
-            // live state (not of the history or the address plan, which grow with the trace).
+            // Garbage collection or a refusal would run: how much the malloc would release is
+            // read off the state, in the time of the releases themselves (a copy of the live
+            // state per release run made replay quadratic where many blocks stay live).
+            let sim = allocator.backend();
+            let device_free = sim.device().total_memory.saturating_sub(sim.used());
+            if let Some(releases) = allocator.releases_of_malloc(request.size, request.stream, device_free) {
+                return releases == run as u64;
+            }
+            // The state does not tell: the malloc is tried on a copy of the live state (not of
+            // the history or the address plan, which grow with the trace).
+            *trial_copies += 1;
             let mut probe = allocator.trial_copy(allocator.backend().trial_copy());
             let before = probe.stats().num_device_free;
             probe.malloc(request.size, request.stream).is_ok() && probe.stats().num_device_free - before == run as u64

@@ -364,3 +364,488 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(())
     }
 }
+
+/// What a `malloc` would give back to the device before it is served, told from the state
+/// without making it ([`CachingAllocator::releases_of_malloc`]).
+struct ReleasePlan {
+    /// Free blocks it would return, as whole segments (the collector and the oversize release
+    /// take only these).
+    gone: std::collections::HashSet<u32>,
+    /// `segment_free` and `segment_unmap` entries so far.
+    releases: u64,
+    /// Device bytes released so far.
+    bytes: u64,
+}
+
+impl ReleasePlan {
+    fn release(&mut self, id: u32, size: u64) {
+        self.gone.insert(id);
+        self.releases += 1;
+        self.bytes += size;
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// How many segments a `malloc(size, stream)` made now would release (its `segment_free` and
+    /// `segment_unmap` trace entries, as `num_device_free` counts them) before it is served,
+    /// found without making it: the cache hit it would take, then `policy:cachalot`'s return of
+    /// the cache before a new peak, the garbage collector, the fraction's and the device's
+    /// answer to the first device allocation (`device_free`: the bytes the device would still
+    /// give), the oversize release and the full release of the retry chain, each as the malloc
+    /// takes them. Where the last step is reached, the count is every segment and page the
+    /// cache can give back, whether or not the retry then succeeds.
+    ///
+    /// It reads only the free blocks of the request's pool and the blocks the steps would
+    /// touch, never the allocated ones, so a replay can ask it at every release it must
+    /// explain (`cachalot replay`), where trying the malloc on a copy cost a copy of every live
+    /// block. Cross-stream frees still outstanding are taken as not yet completed (call
+    /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
+    /// the full release leave them pending. `None` where the state does not tell without
+    /// trying: the full release (which waits for them) reached while some are outstanding,
+    /// private pools, allocations routed to a pool, or expandable pages that the request would
+    /// map in more than one piece.
+    pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
+        use crate::config::Policy;
+        use crate::size::MAX_REQUEST;
+        if size == 0 || size >= MAX_REQUEST {
+            return Some(0);
+        }
+        let request = self.plannable_request(size, stream, true)?;
+        // The full release completes outstanding frees first, which may free more.
+        let pending = self.events.values().any(|q| !q.is_empty());
+        if self.plan_hit(&request) {
+            return Some(0);
+        }
+        let policy = self.config.policy();
+        let (releasable, _) = self.releasable();
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
+        if policy == Policy::Cachalot
+            && self.memory_reserved().saturating_add(request.alloc_size) > self.stats.max_memory_reserved()
+        {
+            // Both default pools given back, as the full release would: nothing is left for
+            // the later steps to release, whether or not the malloc then fits.
+            return (!pending).then_some(releasable);
+        }
+        if self.gc_enabled() {
+            self.plan_garbage_collection(&request, &mut plan);
+        }
+        if (plan.releases == releasable && !pending) || self.plan_fits(&request, &plan, device_free)? {
+            return Some(plan.releases);
+        }
+        if self.plan_oversize_release(&request, &mut plan) && self.plan_fits(&request, &plan, device_free)? {
+            return Some(plan.releases);
+        }
+        (!pending).then_some(releasable)
+    }
+
+    /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
+    /// would make on its way (each step of the retry chain that finds no segment of the stream
+    /// and pool with room for the request reserves one, and keeps it), found without making it.
+    /// `None` where the state does not tell (as for [`CachingAllocator::releases_of_malloc`],
+    /// or where the oversize release would free enough to try again).
+    pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
+        use crate::config::Policy;
+        use crate::size::MAX_REQUEST;
+        if size == 0 || size >= MAX_REQUEST {
+            return Some(0);
+        }
+        let request = self.plannable_request(size, stream, false)?;
+        if !request.expandable || self.plan_hit(&request) {
+            return Some(0);
+        }
+        let (_, releasable_bytes) = self.releasable();
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
+        let returned_cache = self.config.policy() == Policy::Cachalot
+            && self.memory_reserved().saturating_add(request.alloc_size) > self.stats.max_memory_reserved();
+        if returned_cache {
+            plan.bytes = releasable_bytes;
+        } else if self.gc_enabled() {
+            self.plan_garbage_collection(&request, &mut plan);
+        }
+        let within_fraction = |released: u64| {
+            self.allowed_memory_maximum.is_none_or(|allowed| {
+                (self.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
+            })
+        };
+        let fresh_has_room = size <= self.reservation_extent(&request);
+        let mut made = 0;
+        let mut fresh = false;
+        // The first device allocation: a reservation where no segment has room.
+        if within_fraction(plan.bytes) {
+            let room = match returned_cache {
+                true => self.room_after_release(&request),
+                false => self.expandable_room(&request).is_some(),
+            };
+            if !room {
+                made += 1;
+                fresh = true;
+            }
+        }
+        if !returned_cache && self.plan_oversize_release(&request, &mut plan) {
+            return None;
+        }
+        // The retry after the full release, which unmapped every free page and released every
+        // reservation left with nothing mapped (not one that never had a page mapped).
+        if within_fraction(releasable_bytes) && !(fresh && fresh_has_room) && !self.room_after_release(&request) {
+            made += 1;
+        }
+        Some(made)
+    }
+
+    /// Whether the VA reservation holding `address`, if any, outlives the full release of a
+    /// failing malloc's retry chain (with no cross-stream frees outstanding): it does unless
+    /// every block in it is free and some page of it mapped, when unmapping its pages leaves
+    /// nothing mapped and it is released.
+    pub fn reservation_outlives_release(&self, address: u64) -> bool {
+        let Some((_, segment)) =
+            self.segments.iter().find(|(_, s)| s.page_size.is_some() && s.base <= address && address - s.base < s.size)
+        else {
+            return false;
+        };
+        let mut b = segment.head;
+        let mut mapped = false;
+        while b != NIL {
+            if !self.blocks.is_allocatable(b) {
+                return true;
+            }
+            mapped |= self.blocks[b].mapped;
+            b = self.blocks[b].next;
+        }
+        !mapped
+    }
+
+    /// The request a malloc would make, where the state can tell what it does: no allocations
+    /// routed to a pool, no private pools, and no cross-stream frees outstanding unless
+    /// `pending_allowed`.
+    fn plannable_request(&self, size: u64, stream: StreamId, pending_allowed: bool) -> Option<super::malloc::Request> {
+        use crate::config::Policy;
+        use crate::size::{allocation_size, round_size};
+        let pending = self.events.values().any(|q| !q.is_empty());
+        if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
+            return None;
+        }
+        Some(match self.config.policy() {
+            Policy::PyTorch => {
+                let rounded = round_size(size, self.config.roundup_power2_divisions());
+                super::malloc::Request {
+                    stream,
+                    pool: PoolKind::for_size(rounded),
+                    size: rounded,
+                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
+                    expandable: self.config.expandable_segments(),
+                    slot: NIL,
+                }
+            }
+            Policy::Cachalot => self.compact_request(size, stream),
+        })
+    }
+
+    /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
+    /// larger whole segment into a miss).
+    fn plan_hit(&self, request: &super::malloc::Request) -> bool {
+        self.best_fit(request).is_some_and(|block| {
+            let b = &self.blocks[block];
+            self.config.policy() == crate::config::Policy::PyTorch
+                || b.expandable
+                || b.is_split()
+                || b.size <= request.alloc_size
+        })
+    }
+
+    /// `get_free_block`'s choice, without taking it.
+    fn best_fit(&self, request: &super::malloc::Request) -> Option<u32> {
+        let stream = request.stream;
+        let pool = &self.pool(request.slot, request.pool).free;
+        let mut it = pool.lower_bound(stream, request.size)?;
+        if self.blocks[it].stream != stream {
+            return None;
+        }
+        if self.blocks[it].expandable {
+            if request.expandable {
+                let expandable_size = |id: u32| {
+                    let b = &self.blocks[id];
+                    b.size + if b.next != NIL && !self.blocks[b.next].mapped { self.blocks[b.next].size } else { 0 }
+                };
+                while let Some(next) = pool.successor(&self.blocks, it) {
+                    if !(self.blocks[it].expandable
+                        && self.blocks[next].stream == stream
+                        && expandable_size(next) < expandable_size(it))
+                    {
+                        break;
+                    }
+                    it = next;
+                }
+            } else {
+                loop {
+                    it = pool.successor(&self.blocks, it)?;
+                    if !(self.blocks[it].expandable && self.blocks[it].stream == stream) {
+                        break;
+                    }
+                }
+                if self.blocks[it].stream != stream {
+                    return None;
+                }
+            }
+        }
+        let candidate = self.blocks[it].size;
+        let max_split = self.config.max_split_size_raw();
+        if request.size < max_split && candidate >= max_split {
+            return None;
+        }
+        if request.size >= max_split
+            && candidate >= request.size.saturating_add(self.config.max_non_split_rounding_size())
+        {
+            return None;
+        }
+        Some(it)
+    }
+
+    /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now (with no
+    /// cross-stream frees outstanding and no private pools): every free whole segment and every
+    /// free expandable block holding a whole page, of both default pools.
+    /// Also the device bytes they hold.
+    fn releasable(&self) -> (u64, u64) {
+        let (mut count, mut bytes) = (0, 0);
+        for pool in [&self.large, &self.small] {
+            for id in pool.free.to_vec() {
+                let b = &self.blocks[id];
+                let released = if b.expandable {
+                    let (base, page) = self.pages_of(b.segment);
+                    let (begin, end) = ((b.ptr - base).div_ceil(page), (b.ptr + b.size - base) / page);
+                    end.saturating_sub(begin) * page
+                } else if b.is_split() {
+                    0
+                } else {
+                    b.size
+                };
+                count += u64::from(released > 0);
+                bytes += released;
+            }
+        }
+        (count, bytes)
+    }
+
+    /// Whether a segment of the request's stream and pool would have room for it once the full
+    /// release has unmapped every free page: a run of free and unmapped blocks holding a whole
+    /// page and the request's bytes, in a reservation the release keeps.
+    fn room_after_release(&self, request: &super::malloc::Request) -> bool {
+        let (stream, size) = (request.stream, request.size);
+        let pool = self.pool(request.slot, request.pool);
+        let mut seeds = Vec::new();
+        let mut cursor = pool.unmapped.first_of_stream(&self.blocks, stream);
+        while let Some(id) = cursor.filter(|&id| self.blocks[id].stream == stream) {
+            seeds.push(id);
+            cursor = pool.unmapped.successor(&self.blocks, id);
+        }
+        let mut cursor = pool.free.lower_bound(stream, 0);
+        while let Some(id) = cursor.filter(|&id| self.blocks[id].stream == stream) {
+            if self.blocks[id].expandable {
+                seeds.push(id);
+            }
+            cursor = pool.free.successor(&self.blocks, id);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for seed in seeds {
+            let mut start = seed;
+            while self.blocks[start].prev != NIL && self.blocks.is_allocatable(self.blocks[start].prev) {
+                start = self.blocks[start].prev;
+            }
+            if !seen.insert(start) {
+                continue;
+            }
+            let (mut b, mut bytes, mut whole_page, mut mapped) = (start, 0u64, false, false);
+            while b != NIL && self.blocks.is_allocatable(b) {
+                let block = &self.blocks[b];
+                bytes += block.size;
+                if block.mapped {
+                    mapped = true;
+                    let (base, page) = self.pages_of(block.segment);
+                    whole_page |= (block.ptr - base).div_ceil(page) < (block.ptr + block.size - base) / page;
+                } else {
+                    whole_page = true;
+                }
+                b = block.next;
+            }
+            // A run reaching both ends of its segment is all of it: released if mapped.
+            let kept = self.blocks[start].prev != NIL || b != NIL || !mapped;
+            if kept && whole_page && bytes >= size {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The VA a new reservation for `request` spans: 1 1/8 of the device in pages of its pool.
+    fn reservation_extent(&self, request: &super::malloc::Request) -> u64 {
+        use crate::config::Policy;
+        let page = match (request.pool, self.config.policy()) {
+            (PoolKind::Small, _) => crate::size::SMALL_BUFFER,
+            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
+            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
+        };
+        let total = self.backend.device().total_memory;
+        (total + total / 8).div_ceil(page) * page
+    }
+
+    /// `find_expandable_block`'s choice among the existing segments, without making a new one.
+    fn expandable_room(&self, request: &super::malloc::Request) -> Option<u32> {
+        let (stream, size) = (request.stream, request.size);
+        let tree = &self.pool(request.slot, request.pool).unmapped;
+        let mut cursor = tree.first_of_stream(&self.blocks, stream);
+        while let Some(unmapped) = cursor {
+            if self.blocks[unmapped].stream != stream {
+                break;
+            }
+            let prev = self.blocks[unmapped].prev;
+            let first = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
+            let mut bytes = 0;
+            let mut b = first;
+            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
+                bytes += self.blocks[b].size;
+                b = self.blocks[b].next;
+            }
+            if bytes >= size {
+                return Some(first);
+            }
+            cursor = tree.successor(&self.blocks, unmapped);
+        }
+        None
+    }
+
+    fn pages_of(&self, segment: u32) -> (u64, u64) {
+        let s = &self.segments[segment];
+        (s.base, s.page_size.unwrap_or(crate::size::SMALL_BUFFER))
+    }
+
+    /// `garbage_collect_cached_blocks`, planned: the collector's clock has ticked once more
+    /// for the request's search when it is of the large pool.
+    fn plan_garbage_collection(&self, request: &super::malloc::Request, plan: &mut ReleasePlan) {
+        let Some(allowed) = self.allowed_memory_maximum else { return };
+        let threshold = (self.config.garbage_collection_threshold() * allowed as f64) as u64;
+        let total = self.total_allocated_memory - plan.bytes;
+        if total <= threshold {
+            return;
+        }
+        let target = total - threshold;
+        let clock = self.large.free_blocks_call_count + i64::from(request.pool == PoolKind::Large);
+        let age = |id: u32| clock - self.blocks.cold(id).gc_count_base;
+        let candidates: Vec<u32> = self
+            .large
+            .free
+            .to_vec()
+            .into_iter()
+            .filter(|id| !plan.gone.contains(id) && !self.blocks[*id].is_split() && !self.blocks[*id].expandable)
+            .collect();
+        let mut total_age: i64 = candidates.iter().map(|&id| age(id)).sum();
+        let mut count = candidates.len() as i64;
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let average = total_age as f64 / count as f64;
+            freed_any = false;
+            for &id in &candidates {
+                if !plan.gone.contains(&id) && age(id) as f64 >= average {
+                    freed_any = true;
+                    reclaimed += self.blocks[id].size;
+                    total_age -= age(id);
+                    count -= 1;
+                    plan.release(id, self.blocks[id].size);
+                }
+            }
+        }
+    }
+
+    /// `release_available_cached_blocks`, planned; whether it would release enough.
+    fn plan_oversize_release(&self, request: &super::malloc::Request, plan: &mut ReleasePlan) -> bool {
+        let max_split = self.config.max_split_size_raw();
+        if max_split == u64::MAX {
+            return false;
+        }
+        let stream = request.stream;
+        let key_size = request.size.max(max_split);
+        let tree = &self.pool(request.slot, request.pool).free;
+        let whole = |id: u32| !self.blocks[id].expandable && !self.blocks[id].is_split();
+        let mut found = tree.lower_bound(stream, key_size);
+        while let Some(id) = found.filter(|id| plan.gone.contains(id)) {
+            found = tree.successor(&self.blocks, id);
+        }
+        if let Some(id) = found
+            && self.blocks[id].stream == stream
+            && whole(id)
+        {
+            plan.release(id, self.blocks[id].size);
+            return true;
+        }
+        let mut cursor = match found {
+            Some(id) => tree.predecessor(&self.blocks, id),
+            None => tree.last_below(stream, key_size),
+        };
+        let mut released = 0u64;
+        while let Some(id) = cursor {
+            if plan.gone.contains(&id) {
+                cursor = tree.predecessor(&self.blocks, id);
+                continue;
+            }
+            let b = &self.blocks[id];
+            if released >= key_size || b.size < max_split || b.stream != stream {
+                break;
+            }
+            cursor = tree.predecessor(&self.blocks, id);
+            if whole(id) {
+                released += b.size;
+                plan.release(id, b.size);
+            }
+        }
+        released >= key_size
+    }
+
+    /// Whether `alloc_block` would succeed after the planned releases: the fraction's
+    /// allowance, then the device's room for a new segment or for the pages to map. `None`
+    /// where expandable pages would be mapped in more than one piece.
+    fn plan_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> Option<bool> {
+        let total = self.total_allocated_memory - plan.bytes;
+        if let Some(allowed) = self.allowed_memory_maximum
+            && total.saturating_add(request.alloc_size) > allowed
+        {
+            return Some(false);
+        }
+        let needed = if request.expandable { self.pages_to_map(request)? } else { request.alloc_size };
+        Some(needed <= device_free.saturating_add(plan.bytes))
+    }
+
+    /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state;
+    /// `None` where it would map more than one piece.
+    fn pages_to_map(&self, request: &super::malloc::Request) -> Option<u64> {
+        let size = request.size;
+        let Some(start) = self.expandable_room(request) else {
+            // A new reservation, whose first pages are mapped.
+            let page = match (request.pool, self.config.policy()) {
+                (PoolKind::Small, _) => crate::size::SMALL_BUFFER,
+                (PoolKind::Large, crate::config::Policy::PyTorch) => self.config.large_segment_size(),
+                (PoolKind::Large, crate::config::Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
+            };
+            return (size <= self.reservation_extent(request)).then(|| size.div_ceil(page) * page);
+        };
+        // One piece: the candidate itself when unmapped, else the unmapped block after it.
+        let (mapped_before, piece) = match self.blocks[start].mapped {
+            false => (0, start),
+            true => (self.blocks[start].size, self.blocks[start].next),
+        };
+        if mapped_before >= size {
+            return Some(0);
+        }
+        let b = &self.blocks[piece];
+        let to_map = (size - mapped_before).min(b.size);
+        let (base, page) = self.pages_of(b.segment);
+        let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
+        // After the mapping, the piece joins the free block before it and, if wholly mapped,
+        // the free block after it.
+        let after =
+            if mapped == b.size && b.next != NIL && self.blocks[b.next].mapped && self.blocks.is_allocatable(b.next) {
+                self.blocks[b.next].size
+            } else {
+                0
+            };
+        (mapped_before + mapped + after >= size).then_some(mapped)
+    }
+}

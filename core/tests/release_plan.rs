@@ -1,0 +1,135 @@
+//! `releases_of_malloc` and `reservations_of_failing_malloc` read off the state what a malloc
+//! would do (how many segments it releases, how many VA reservations a failing one makes), so
+//! that a replay need not try it on a copy. Here each answer is checked against the malloc
+//! itself, made on a copy, at every malloc of random workloads over the configurations whose
+//! steps it plans: the garbage collector, the oversize and the full release of the retry chain,
+//! expandable segments, `policy:cachalot`, on devices small enough to refuse.
+
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
+use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// One step of a workload: a malloc of `size` on stream `stream % 3`, a free of the live
+/// allocation `pick % live` (after its use on a busy side stream, with `deferred`, so that the
+/// free waits for it), the side stream's work finishing, or `empty_cache`.
+#[derive(Clone, Debug)]
+enum Op {
+    Malloc { size: u64, stream: u64 },
+    Free { pick: usize, deferred: bool },
+    FinishSideStream,
+    EmptyCache,
+}
+
+/// The stream whose work a deferred free waits for.
+const SIDE: StreamId = StreamId(0x900);
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop_oneof![1u64..(1 << 20), (1u64 << 20)..(12 << 20), (12u64 << 20)..(160 << 20)], 0u64..3)
+            .prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        // Larger than some devices, or than the VA an expandable segment reserves on them.
+        1 => ((400u64 << 20)..(1200 << 20), 0u64..3).prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        3 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(pick, deferred)| Op::Free { pick, deferred }),
+        1 => Just(Op::FinishSideStream),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+/// Settings, memory fraction and device size of the configurations checked.
+const CONFIGS: [(&str, Option<f64>, u64); 7] = [
+    ("", None, 512 * MIB),
+    ("garbage_collection_threshold:0.5", Some(0.6), 1024 * MIB),
+    ("max_split_size_mb:20", None, 400 * MIB),
+    ("max_split_size_mb:20,garbage_collection_threshold:0.4", Some(0.5), 800 * MIB),
+    ("expandable_segments:True", None, 512 * MIB),
+    ("expandable_segments:True,garbage_collection_threshold:0.5", Some(0.7), 512 * MIB),
+    ("policy:cachalot", None, 512 * MIB),
+];
+
+fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+    let (settings, fraction, total) = CONFIGS[config];
+    let mut allocator =
+        CachingAllocator::new(SimBackend::new(total), AllocatorConfig::parse(settings).unwrap()).unwrap();
+    if let Some(fraction) = fraction {
+        allocator.set_memory_fraction(fraction).unwrap();
+    }
+    let mut live = Vec::new();
+    for (n, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Malloc { size, stream } => {
+                let stream = StreamId(0x100 + stream);
+                // As a replay does before asking: the malloc's own first step.
+                allocator.process_events().unwrap();
+                let free = total - allocator.backend().used();
+                let releases = allocator.releases_of_malloc(size, stream, free);
+                let reservations = allocator.reservations_of_failing_malloc(size, stream);
+                let (released_before, reserved_before) =
+                    (allocator.stats().num_device_free, allocator.backend().reservations_made());
+                let result = allocator.malloc(size, stream);
+                let released = allocator.stats().num_device_free - released_before;
+                if let Some(planned) = releases {
+                    prop_assert_eq!(planned, released, "{}: op {} ({:?}) released", settings, n, op);
+                }
+                match result {
+                    Ok(allocation) => live.push(allocation),
+                    Err(AllocatorError::OutOfMemory(_)) => {
+                        let made = allocator.backend().reservations_made() - reserved_before;
+                        if let Some(planned) = reservations {
+                            prop_assert_eq!(planned, made, "{}: op {} ({:?}) reserved", settings, n, op);
+                        }
+                    }
+                    Err(other) => return Err(TestCaseError::fail(format!("{settings}: op {n}: {other}"))),
+                }
+            }
+            Op::Free { pick, deferred } => {
+                if !live.is_empty() {
+                    let allocation = live.swap_remove(pick % live.len());
+                    if deferred {
+                        allocator.backend_mut().hold_stream(SIDE);
+                        allocator.record_stream(&allocation, SIDE).unwrap();
+                    }
+                    allocator.free(allocation).unwrap();
+                }
+            }
+            Op::FinishSideStream => allocator.backend_mut().finish_stream(SIDE),
+            Op::EmptyCache => allocator.empty_cache().unwrap(),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_planned_releases_and_reservations_are_the_mallocs(
+        config in 0..CONFIGS.len(),
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        check(config, &ops)?;
+    }
+}
+
+/// The plan answers for the shapes it was made for, rather than leaving them to a trial.
+#[test]
+fn the_plan_answers_without_a_trial() {
+    let mut allocator = CachingAllocator::new(
+        SimBackend::new(80 << 30),
+        AllocatorConfig::parse("garbage_collection_threshold:0.3").unwrap(),
+    )
+    .unwrap();
+    allocator.set_memory_fraction((64 * MIB) as f64 / (80u64 << 30) as f64).unwrap();
+    let kept = allocator.malloc(512, StreamId(1)).unwrap();
+    let cached = allocator.malloc(24 * MIB, StreamId(1)).unwrap();
+    allocator.free(cached).unwrap();
+    let free = (80 << 30) - allocator.backend().used();
+    // Another stream's 24 MiB: the collector releases the cached segment, then the device serves.
+    assert_eq!(allocator.releases_of_malloc(24 * MIB, StreamId(2), free), Some(1));
+    // The same stream's: a cache hit, nothing released.
+    assert_eq!(allocator.releases_of_malloc(24 * MIB, StreamId(1), free), Some(0));
+    assert_eq!(allocator.reservations_of_failing_malloc(24 * MIB, StreamId(2)), Some(0));
+    allocator.free(kept).unwrap();
+}

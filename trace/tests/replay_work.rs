@@ -1,0 +1,136 @@
+//! Replay in time that does not grow with the live blocks at each entry: the trace shapes whose
+//! releases the replay must explain (the next malloc's, or an `empty_cache` call's?) while many
+//! blocks stay live once made it copy the allocator's live state at every release run, and at
+//! every out-of-memory entry with expandable segments: quadratic time (BENCHMARKS.md §10,
+//! "Replay time against trace length"). These hold the number of such copies to zero, so a
+//! change that brings one back fails here, with no timing involved; each replay must also match
+//! its recording exactly.
+
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
+use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_trace::snapshot::torch;
+
+const MIB: u64 = 1 << 20;
+
+/// What each cycle does (as in `examples/replay_growth.rs`).
+#[derive(Clone, Copy, Debug)]
+enum Cycle {
+    /// 24 MiB on the next of two streams, freed: the next malloc must release it.
+    Churn,
+    /// On one stream 64 MiB then 24 MiB, each freed, on a device that holds only one of them.
+    Oversize,
+    /// On the next of two streams, a request for the whole device, which fails, then 24 MiB,
+    /// freed.
+    Oom,
+}
+
+/// Records `cycles` cycles after making `live` small blocks that stay, and replays the trace.
+fn replay_shape(settings: &str, fraction: Option<f64>, device: u64, live: u64, cycle: Cycle, cycles: u64) -> usize {
+    replay_shape_pending(settings, fraction, device, live, cycle, cycles, false)
+}
+
+/// [`replay_shape`], with one more small block first freed after use on a side stream whose
+/// work never ends, if `pending`: its free stays outstanding for the whole trace.
+fn replay_shape_pending(
+    settings: &str,
+    fraction: Option<f64>,
+    device: u64,
+    live: u64,
+    cycle: Cycle,
+    cycles: u64,
+    pending: bool,
+) -> usize {
+    let config = AllocatorConfig::parse(settings).unwrap();
+    let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone()).unwrap();
+    if let Some(fraction) = fraction {
+        allocator.set_memory_fraction(fraction).unwrap();
+    }
+    allocator.record_history(true, usize::MAX, &[], false);
+    let stream = |n: u64| StreamId(0x1000 + n * 0x10);
+    let kept: Vec<_> = (0..live).map(|_| allocator.malloc(512, stream(0)).unwrap()).collect();
+    if pending {
+        let side = StreamId(0x900);
+        let used = allocator.malloc(512, stream(0)).unwrap();
+        allocator.backend_mut().hold_stream(side);
+        allocator.record_stream(&used, side).unwrap();
+        allocator.free(used).unwrap();
+    }
+    for n in 0..cycles {
+        match cycle {
+            Cycle::Churn => {
+                let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
+                allocator.free(tensor).unwrap();
+            }
+            Cycle::Oversize => {
+                for size in [64 * MIB, 24 * MIB] {
+                    let tensor = allocator.malloc(size, stream(0)).unwrap();
+                    allocator.free(tensor).unwrap();
+                }
+            }
+            Cycle::Oom => {
+                let failed = allocator.malloc(device, stream(n % 2));
+                assert!(matches!(failed, Err(AllocatorError::OutOfMemory(_))));
+                let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
+                allocator.free(tensor).unwrap();
+            }
+        }
+    }
+    assert_eq!(kept.len() as u64, live);
+    let released = allocator.stats().num_device_free;
+    assert!(released >= cycles / 2, "{settings}: the shape must release at (nearly) every cycle, released {released}");
+    let snapshot = torch::from_allocator(&allocator, None);
+    let options = ReplayOptions {
+        config,
+        memory_fraction: fraction,
+        device_total: device,
+        device: 0,
+        calls: None,
+        record_calls: false,
+    };
+    let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+    verify_against_recording(&snapshot, &outcome, None).unwrap_or_else(|e| panic!("{settings}, {cycle:?}: {e}"));
+    assert!(outcome.empty_cache_points.is_empty(), "{settings}: every release is a malloc's");
+    outcome.trial_copies
+}
+
+#[test]
+fn garbage_collection_at_every_malloc_copies_nothing() {
+    // 64 MiB allowed, collected above 19.2 MiB: each malloc's collector releases the other
+    // stream's cached segment.
+    let fraction = Some((64 * MIB) as f64 / (80u64 << 30) as f64);
+    assert_eq!(replay_shape("garbage_collection_threshold:0.3", fraction, 80 << 30, 300, Cycle::Churn, 60), 0);
+}
+
+#[test]
+fn a_free_left_pending_on_another_stream_copies_nothing() {
+    let fraction = Some((64 * MIB) as f64 / (80u64 << 30) as f64);
+    let copies =
+        replay_shape_pending("garbage_collection_threshold:0.3", fraction, 80 << 30, 300, Cycle::Churn, 60, true);
+    assert_eq!(copies, 0);
+}
+
+#[test]
+fn a_tight_fraction_copies_nothing() {
+    let fraction = Some((40 * MIB) as f64 / (80u64 << 30) as f64);
+    assert_eq!(replay_shape("", fraction, 80 << 30, 300, Cycle::Churn, 60), 0);
+}
+
+#[test]
+fn the_oversize_and_full_release_of_a_full_device_copy_nothing() {
+    assert_eq!(replay_shape("max_split_size_mb:20", None, 89 * MIB, 300, Cycle::Oversize, 40), 0);
+}
+
+#[test]
+fn out_of_memory_errors_with_expandable_segments_copy_nothing() {
+    // Each failure makes a reservation for its stream that the next 24 MiB maps (the stream's
+    // one before was released by the previous failure's full release): the replay must place
+    // it where the recording did.
+    assert_eq!(replay_shape("expandable_segments:True", None, 1 << 30, 300, Cycle::Oom, 40), 0);
+}
+
+#[test]
+fn policy_cachalot_with_pages_copies_nothing() {
+    assert_eq!(replay_shape("policy:cachalot,expandable_segments:True", None, 80 << 30, 300, Cycle::Churn, 60), 0);
+}
