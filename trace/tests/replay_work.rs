@@ -130,6 +130,9 @@ fn out_of_memory_errors_with_expandable_segments_copy_nothing() {
     assert_eq!(replay_shape("expandable_segments:True", None, 1 << 30, 300, Cycle::Oom, 40), 0);
 }
 
+/// `policy:cachalot` gives back, before a new peak, only what the peak would exceed, chosen among
+/// the largest free blocks of any stream (`core/src/allocator/compact.rs`, rule 4): the plan
+/// takes the malloc's own walk, so these releases need no copy either.
 #[test]
 fn policy_cachalot_with_pages_copies_nothing() {
     assert_eq!(replay_shape("policy:cachalot,expandable_segments:True", None, 80 << 30, 300, Cycle::Churn, 60), 0);

@@ -105,18 +105,33 @@ impl<B: Backend> CachingAllocator<B> {
     /// (the next step of a training loop) finds most of them still cached. The excess is what
     /// the miss really maps (a free block it grows into counts), and the pages it grows into
     /// are not given back, so the peak rises only when the cache holds too little to give,
-    /// as when everything was given back. The walk visits the blocks it gives back from, plus
-    /// one per stream, never every free block.
+    /// as when everything was given back.
     pub(super) fn return_free_memory_before(&mut self, request: &Request) -> Result<(), AllocatorError> {
+        for give_back in self.give_backs_before_peak(request) {
+            let given = self.give_back_from(give_back.block, give_back.wanted)?;
+            debug_assert_eq!(given, give_back.bytes, "rule 4 gave back what its plan said");
+        }
+        Ok(())
+    }
+
+    /// Rule 4's choice, made without giving anything back: the free blocks a miss for
+    /// `request` gives back from, in order, with what each gives. Empty below the peak. Read
+    /// only, so that the replay's plan of a malloc (`inspect.rs`) and the malloc itself take
+    /// the same blocks. The walk visits the blocks it gives back from, plus one per stream,
+    /// never every free block; giving back from a block changes neither the blocks the walk
+    /// has still to visit nor their order (a block's kept pages, split off below it, are only
+    /// made when its pages cover what is left, which ends the walk).
+    pub(super) fn give_backs_before_peak(&self, request: &Request) -> Vec<GiveBack> {
+        let mut plan = Vec::new();
         let peak = self.stats.max_memory_reserved();
         // A miss maps at most `alloc_size` bytes: the common case, well below the peak, needs no walk.
         if self.memory_reserved().saturating_add(request.alloc_size) <= peak {
-            return Ok(());
+            return plan;
         }
         let (needed, spot) = self.memory_a_miss_takes(request);
         let wanted = self.memory_reserved().saturating_add(needed);
         if wanted <= peak {
-            return Ok(());
+            return plan;
         }
         let mut excess = wanted - peak;
         // One cursor per (pool, stream), at its largest free block not yet visited.
@@ -148,9 +163,13 @@ impl<B: Backend> CachingAllocator<B> {
             if spot.is_some_and(|(segment, begin, end)| b.segment == segment && b.ptr < end && b.ptr + b.size > begin) {
                 continue;
             }
-            excess = excess.saturating_sub(self.give_back_from(id, excess)?);
+            let bytes = self.bytes_given_back_from(id, excess);
+            if bytes > 0 {
+                plan.push(GiveBack { block: id, wanted: excess, bytes });
+                excess = excess.saturating_sub(bytes);
+            }
         }
-        Ok(())
+        plan
     }
 
     /// The bytes a miss for `request` takes from the device, and where in an expandable
@@ -191,6 +210,27 @@ impl<B: Backend> CachingAllocator<B> {
         (request.alloc_size, None)
     }
 
+    /// The page range `give_back_from(id, wanted)` unmaps from the expandable free block `id`
+    /// (first page and end, counted from its segment's base, with the page size), or `None`
+    /// where the block holds no whole page.
+    fn pages_given_back_from(&self, id: u32, wanted: u64) -> Option<(u64, u64, u64)> {
+        let b = &self.blocks[id];
+        let (base, page) = (self.segments[b.segment].base, self.segments[b.segment].page_size.unwrap_or(SMALL_BUFFER));
+        let first = (b.ptr - base).div_ceil(page);
+        let end = (b.ptr + b.size - base) / page;
+        (first < end).then(|| (first.max(end - wanted.div_ceil(page).min(end - first)), end, page))
+    }
+
+    /// The bytes `give_back_from(id, wanted)` gives back, without giving them.
+    fn bytes_given_back_from(&self, id: u32, wanted: u64) -> u64 {
+        let b = &self.blocks[id];
+        match b.expandable {
+            false if b.is_split() => 0,
+            false => b.size,
+            true => self.pages_given_back_from(id, wanted).map_or(0, |(begin, end, page)| (end - begin) * page),
+        }
+    }
+
     /// Gives back up to about `wanted` bytes of the free block `id`: the fully free pages at
     /// its top, as few as cover `wanted`, or the whole block if it is an entire ordinary
     /// segment. Returns the bytes given back.
@@ -204,15 +244,11 @@ impl<B: Backend> CachingAllocator<B> {
             self.release_block(id)?;
             return Ok(size);
         }
-        let (ptr, size, segment) = (b.ptr, b.size, b.segment);
-        let (base, page) = (self.segments[segment].base, self.segments[segment].page_size.unwrap_or(SMALL_BUFFER));
-        let first = (ptr - base).div_ceil(page);
-        let end = (ptr + size - base) / page;
-        if first >= end {
+        let Some((begin, end, page)) = self.pages_given_back_from(id, wanted) else {
             return Ok(0);
-        }
-        let begin = first.max(end - wanted.div_ceil(page).min(end - first));
-        let cut = base + begin * page;
+        };
+        let ptr = self.blocks[id].ptr;
+        let cut = self.segments[self.blocks[id].segment].base + begin * page;
         if cut > ptr {
             // The pages kept stay mapped as a free block of their own below the ones unmapped.
             self.remove_free(id);
@@ -231,6 +267,15 @@ impl<B: Backend> CachingAllocator<B> {
         }
         Ok((end - begin) * page)
     }
+}
+
+/// One step of rule 4's walk ([`CachingAllocator::give_backs_before_peak`]): the free block
+/// given back from, the bytes still wanted when it is reached, and the bytes it gives (one
+/// `segment_free` or `segment_unmap` entry).
+pub(super) struct GiveBack {
+    pub(super) block: u32,
+    pub(super) wanted: u64,
+    pub(super) bytes: u64,
 }
 
 #[cfg(test)]

@@ -388,8 +388,8 @@ impl ReleasePlan {
 impl<B: Backend> CachingAllocator<B> {
     /// How many segments a `malloc(size, stream)` made now would release (its `segment_free` and
     /// `segment_unmap` trace entries, as `num_device_free` counts them) before it is served,
-    /// found without making it: the cache hit it would take, then `policy:cachalot`'s return of
-    /// the cache before a new peak, the garbage collector, the fraction's and the device's
+    /// found without making it: the cache hit it would take, `policy:cachalot`'s return of
+    /// cached memory before a new peak, the garbage collector, the fraction's and the device's
     /// answer to the first device allocation (`device_free`: the bytes the device would still
     /// give), the oversize release and the full release of the retry chain, each as the malloc
     /// takes them. Where the last step is reached, the count is every segment and page the
@@ -402,10 +402,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
     /// the full release leave them pending. `None` where the state does not tell without
     /// trying: the full release (which waits for them) reached while some are outstanding,
-    /// private pools, allocations routed to a pool, or expandable pages that the request would
-    /// map in more than one piece.
+    /// private pools, allocations routed to a pool, expandable pages that the request would
+    /// map in more than one piece, or a `policy:cachalot` miss after which the device might
+    /// still refuse (its return of cached memory before a new peak is planned, with the walk the
+    /// malloc itself takes, only where the miss then surely fits).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
-        use crate::config::Policy;
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
@@ -416,18 +417,16 @@ impl<B: Backend> CachingAllocator<B> {
         if self.plan_hit(&request) {
             return Some(0);
         }
-        let policy = self.config.policy();
         let (releasable, _) = self.releasable();
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        if policy == Policy::Cachalot
-            && self.memory_reserved().saturating_add(request.alloc_size) > self.stats.max_memory_reserved()
-        {
-            // Both default pools given back, as the full release would: nothing is left for
-            // the later steps to release, whether or not the malloc then fits.
-            return (!pending).then_some(releasable);
-        }
+        let gave_back = self.plan_give_backs_before_peak(&request, &mut plan);
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
+        }
+        if gave_back {
+            // What rule 4 left is not read off the state: planned only where the miss then
+            // surely fits (its whole `alloc_size`, within the fraction and the device).
+            return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
         }
         if (plan.releases == releasable && !pending) || self.plan_fits(&request, &plan, device_free)? {
             return Some(plan.releases);
@@ -444,7 +443,6 @@ impl<B: Backend> CachingAllocator<B> {
     /// `None` where the state does not tell (as for [`CachingAllocator::releases_of_malloc`],
     /// or where the oversize release would free enough to try again).
     pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
-        use crate::config::Policy;
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
@@ -455,11 +453,10 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let (_, releasable_bytes) = self.releasable();
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        let returned_cache = self.config.policy() == Policy::Cachalot
-            && self.memory_reserved().saturating_add(request.alloc_size) > self.stats.max_memory_reserved();
-        if returned_cache {
-            plan.bytes = releasable_bytes;
-        } else if self.gc_enabled() {
+        if self.plan_give_backs_before_peak(&request, &mut plan) {
+            return None;
+        }
+        if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
         }
         let within_fraction = |released: u64| {
@@ -471,17 +468,11 @@ impl<B: Backend> CachingAllocator<B> {
         let mut made = 0;
         let mut fresh = false;
         // The first device allocation: a reservation where no segment has room.
-        if within_fraction(plan.bytes) {
-            let room = match returned_cache {
-                true => self.room_after_release(&request),
-                false => self.expandable_room(&request).is_some(),
-            };
-            if !room {
-                made += 1;
-                fresh = true;
-            }
+        if within_fraction(plan.bytes) && self.expandable_room(&request).is_none() {
+            made += 1;
+            fresh = true;
         }
-        if !returned_cache && self.plan_oversize_release(&request, &mut plan) {
+        if self.plan_oversize_release(&request, &mut plan) {
             return None;
         }
         // The retry after the full release, which unmapped every free page and released every
@@ -524,24 +515,24 @@ impl<B: Backend> CachingAllocator<B> {
         if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
             return None;
         }
-        Some(match self.config.policy() {
+        match self.config.policy() {
             Policy::PyTorch => {
                 let rounded = round_size(size, self.config.roundup_power2_divisions());
-                super::malloc::Request {
+                Some(super::malloc::Request {
                     stream,
                     pool: PoolKind::for_size(rounded),
                     size: rounded,
                     alloc_size: allocation_size(rounded, self.config.large_segment_size()),
                     expandable: self.config.expandable_segments(),
                     slot: NIL,
-                }
+                })
             }
-            Policy::Cachalot => self.compact_request(size, stream),
-        })
+            Policy::Cachalot => Some(self.compact_request(size, stream)),
+        }
     }
 
     /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
-    /// larger whole segment into a miss).
+    /// larger whole segment into a miss: `compact_keep_hit`).
     fn plan_hit(&self, request: &super::malloc::Request) -> bool {
         self.best_fit(request).is_some_and(|block| {
             let b = &self.blocks[block];
@@ -550,6 +541,26 @@ impl<B: Backend> CachingAllocator<B> {
                 || b.is_split()
                 || b.size <= request.alloc_size
         })
+    }
+
+    /// `policy:cachalot`'s rule 4 (`compact.rs`), planned: the cached memory a miss gives back
+    /// before it would raise reserved memory above its peak, as the malloc's own walk chooses
+    /// it (`give_backs_before_peak`, shared with the malloc). Whether it gave anything back.
+    fn plan_give_backs_before_peak(&self, request: &super::malloc::Request, plan: &mut ReleasePlan) -> bool {
+        if self.config.policy() != crate::config::Policy::Cachalot {
+            return false;
+        }
+        let give_backs = self.give_backs_before_peak(request);
+        for give_back in &give_backs {
+            if self.blocks[give_back.block].expandable {
+                // Pages at the top of a free block: the block stays (smaller, or unmapped).
+                plan.releases += 1;
+                plan.bytes += give_back.bytes;
+            } else {
+                plan.release(give_back.block, give_back.bytes);
+            }
+        }
+        !give_backs.is_empty()
     }
 
     /// `get_free_block`'s choice, without taking it.
@@ -811,6 +822,14 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let needed = if request.expandable { self.pages_to_map(request)? } else { request.alloc_size };
         Some(needed <= device_free.saturating_add(plan.bytes))
+    }
+
+    /// Whether `alloc_block` succeeds after the planned releases whatever it maps: the
+    /// request's whole `alloc_size` fits within the fraction and on the device.
+    fn plan_surely_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> bool {
+        let total = self.total_allocated_memory - plan.bytes;
+        self.allowed_memory_maximum.is_none_or(|allowed| total.saturating_add(request.alloc_size) <= allowed)
+            && request.alloc_size <= device_free.saturating_add(plan.bytes)
     }
 
     /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state;
