@@ -50,6 +50,7 @@ try {
     const seconds = [];
     const loads = [];
     const marks = [];
+    const warmed = [];
     let entries = 0;
     for (let i = 0; i < runs; i++) {
       const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
@@ -64,6 +65,8 @@ try {
       const result = await page.evaluate(
         (url) =>
           new Promise((done, fail) => {
+            // Whether the page had warmed its code (web_warm.rs) in the wait before this open.
+            const warmed = performance.getEntriesByName("cachalot warmed up").length > 0;
             performance.clearMarks();
             const frames = [];
             let recording = true;
@@ -89,7 +92,7 @@ try {
                       return [words[0].startsWith("load") || words[0].startsWith("fetch") ? words[0] : words.join(" "), ms(m.startTime)];
                     }),
                 );
-                return done({ seconds: (performance.now() - started) / 1000, entries: s.tabs[0].entries, marks, frames: frames.map(ms) });
+                return done({ seconds: (performance.now() - started) / 1000, entries: s.tabs[0].entries, warmed, marks, frames: frames.map(ms) });
               }
               setTimeout(poll, 5);
             };
@@ -101,6 +104,7 @@ try {
       seconds.push(result.seconds);
       loads.push((result.marks.loaded - result.marks.load) / 1000);
       marks.push(result.marks);
+      warmed.push(result.warmed);
       entries = result.entries;
       await page.close();
     }
@@ -114,6 +118,8 @@ try {
         entries,
         seconds: seconds[middle],
         load_seconds: loads[Math.floor(loads.length / 2)],
+        // In how many of the runs the page had warmed its code before the open.
+        warmed: warmed.filter(Boolean).length,
         marks: marks[middle],
       }),
     );
