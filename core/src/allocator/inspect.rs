@@ -563,54 +563,6 @@ impl<B: Backend> CachingAllocator<B> {
         !give_backs.is_empty()
     }
 
-    /// `get_free_block`'s choice, without taking it.
-    fn best_fit(&self, request: &super::malloc::Request) -> Option<u32> {
-        let stream = request.stream;
-        let pool = &self.pool(request.slot, request.pool).free;
-        let mut it = pool.lower_bound(stream, request.size)?;
-        if self.blocks[it].stream != stream {
-            return None;
-        }
-        if self.blocks[it].expandable {
-            if request.expandable {
-                let expandable_size = |id: u32| {
-                    let b = &self.blocks[id];
-                    b.size + if b.next != NIL && !self.blocks[b.next].mapped { self.blocks[b.next].size } else { 0 }
-                };
-                while let Some(next) = pool.successor(&self.blocks, it) {
-                    if !(self.blocks[it].expandable
-                        && self.blocks[next].stream == stream
-                        && expandable_size(next) < expandable_size(it))
-                    {
-                        break;
-                    }
-                    it = next;
-                }
-            } else {
-                loop {
-                    it = pool.successor(&self.blocks, it)?;
-                    if !(self.blocks[it].expandable && self.blocks[it].stream == stream) {
-                        break;
-                    }
-                }
-                if self.blocks[it].stream != stream {
-                    return None;
-                }
-            }
-        }
-        let candidate = self.blocks[it].size;
-        let max_split = self.config.max_split_size_raw();
-        if request.size < max_split && candidate >= max_split {
-            return None;
-        }
-        if request.size >= max_split
-            && candidate >= request.size.saturating_add(self.config.max_non_split_rounding_size())
-        {
-            return None;
-        }
-        Some(it)
-    }
-
     /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now (with no
     /// cross-stream frees outstanding and no private pools): every free whole segment and every
     /// free expandable block holding a whole page, of both default pools.

@@ -101,25 +101,41 @@ impl<B: Backend> CachingAllocator<B> {
     /// `get_free_block`: the best-fit candidate of the request's stream, if the oversize rules
     /// allow it. Only the single best candidate is examined.
     fn get_free_block(&mut self, request: &Request) -> Option<u32> {
-        let gc = self.gc_enabled();
-        let pool = super::pool_mut(&mut self.small, &mut self.large, &mut self.private, request.slot, request.pool);
-        if gc {
+        if self.gc_enabled() {
+            let pool = super::pool_mut(&mut self.small, &mut self.large, &mut self.private, request.slot, request.pool);
             pool.free_blocks_call_count += 1;
             self.gc_clock_started = true;
         }
+        let it = self.best_fit(request)?;
+        self.remove_free(it);
+        Some(it)
+    }
+
+    /// `get_free_block`'s choice, without taking it: the smallest free block of the request's
+    /// stream and pool that fits, where expandable blocks count as the size they can grow to,
+    /// within the limits of `max_split_size_mb`. Also the replay's plan of a malloc
+    /// (`inspect.rs`), so the two cannot choose differently.
+    pub(super) fn best_fit(&self, request: &Request) -> Option<u32> {
         let stream = request.stream;
-        let mut it = pool.free.lower_bound(stream, request.size)?;
+        let pool = &self.pool(request.slot, request.pool).free;
+        let mut it = pool.lower_bound(stream, request.size)?;
         if self.blocks[it].stream != stream {
             return None;
         }
         if self.blocks[it].expandable {
             if request.expandable {
-                // For best fit an expandable block counts as the size it can grow to.
+                // For best fit an expandable block counts as the size it can grow to: itself and
+                // the unmapped block after it.
                 let expandable_size = |id: u32| {
                     let b = &self.blocks[id];
                     b.size + if b.next != NIL && !self.blocks[b.next].mapped { self.blocks[b.next].size } else { 0 }
                 };
-                while let Some(next) = pool.free.successor(&self.blocks, it) {
+                // A block with nothing unmapped after it can grow no further, and every later
+                // block of the stream is at least as large: no successor can beat it, so the
+                // walk (a tree step per malloc) is skipped, the common case in a warm cache.
+                while expandable_size(it) > self.blocks[it].size
+                    && let Some(next) = pool.successor(&self.blocks, it)
+                {
                     if !(self.blocks[it].expandable
                         && self.blocks[next].stream == stream
                         && expandable_size(next) < expandable_size(it))
@@ -131,7 +147,7 @@ impl<B: Backend> CachingAllocator<B> {
             } else {
                 // Expandable segments were switched off at run time: skip their blocks.
                 loop {
-                    it = pool.free.successor(&self.blocks, it)?;
+                    it = pool.successor(&self.blocks, it)?;
                     if !(self.blocks[it].expandable && self.blocks[it].stream == stream) {
                         break;
                     }
@@ -153,7 +169,6 @@ impl<B: Backend> CachingAllocator<B> {
         {
             return None;
         }
-        self.remove_free(it);
         Some(it)
     }
 
