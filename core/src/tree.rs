@@ -185,15 +185,13 @@ impl StreamClasses {
         self.groups |= 1 << g;
     }
 
-    /// Clears class `class`'s bits if its list is now empty (after a removal).
+    /// Clears class `class`'s bits (after a removal emptied its list).
     #[inline]
-    fn mark_if_emptied(&mut self, class: usize) {
-        if self.list(class).is_none_or(List::is_empty) {
-            let g = class / 64;
-            self.bits[g] &= !(1 << (class % 64));
-            if self.bits[g] == 0 {
-                self.groups &= !(1 << g);
-            }
+    fn mark_emptied(&mut self, class: usize) {
+        let g = class / 64;
+        self.bits[g] &= !(1 << (class % 64));
+        if self.bits[g] == 0 {
+            self.groups &= !(1 << g);
         }
     }
 
@@ -345,9 +343,15 @@ impl FreeIndex {
         };
         let classes = &mut self.streams[index];
         let class = size_class(b.size);
-        let found = classes.existing_list_mut(class).is_some_and(|list| list.remove(&mut self.arena, BySize::key(b)));
+        // One look-up of the list serves the removal and the emptiness test.
+        let (found, emptied) = match classes.existing_list_mut(class) {
+            Some(list) => (list.remove(&mut self.arena, BySize::key(b)), list.is_empty()),
+            None => (false, true),
+        };
         debug_assert!(found, "block {id} not in its set");
-        classes.mark_if_emptied(class);
+        if emptied {
+            classes.mark_emptied(class);
+        }
         classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
         if classes.filed == 0 {
