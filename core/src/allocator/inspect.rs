@@ -515,20 +515,20 @@ impl<B: Backend> CachingAllocator<B> {
         if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
             return None;
         }
-        match self.config.policy() {
+        Some(match self.config.policy() {
             Policy::PyTorch => {
                 let rounded = round_size(size, self.config.roundup_power2_divisions());
-                Some(super::malloc::Request {
+                super::malloc::Request {
                     stream,
                     pool: PoolKind::for_size(rounded),
                     size: rounded,
                     alloc_size: allocation_size(rounded, self.config.large_segment_size()),
                     expandable: self.config.expandable_segments(),
                     slot: NIL,
-                })
+                }
             }
-            Policy::Cachalot => Some(self.compact_request(size, stream)),
-        }
+            Policy::Cachalot => self.compact_request(size, stream),
+        })
     }
 
     /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
