@@ -107,6 +107,13 @@ impl SimBackend {
         self
     }
 
+    /// The simulated device without page mapping, as wgpu's devices are: the allocator then
+    /// refuses `expandable_segments:True` and `policy:cachalot` takes ordinary segments.
+    pub fn without_page_mapping(mut self) -> Self {
+        self.facts.supports_expandable_segments = false;
+        self
+    }
+
     /// A copy of the device's state (segments, reservations, streams, clock) without the
     /// addresses planned for later allocations, for a trial run whose addresses do not matter:
     /// the plan of a long trace is as long as the trace.

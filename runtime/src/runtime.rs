@@ -625,16 +625,7 @@ impl Runtime {
     /// between steps that read nothing back, so a page stays responsive; when blocked on
     /// natively it costs one poll.
     pub async fn yield_now(&self) {
-        let mut yielded = false;
-        std::future::poll_fn(|cx| {
-            if yielded {
-                return std::task::Poll::Ready(());
-            }
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        })
-        .await
+        yield_now().await
     }
 
     /// Runs `f` with the device's allocator (to read what it recorded while the experiment
@@ -984,4 +975,20 @@ impl Runtime {
         drop(inner);
         Ok(self.wrap(result?, vec![bytes.div_ceil(4) as usize], DType::U32))
     }
+}
+
+/// A future that is pending once (waking its task at once) and then ready: whoever polls it
+/// runs other work in between (the browser's page draws a frame). Blocked on natively, it
+/// costs one poll.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await
 }

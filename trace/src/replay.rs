@@ -889,8 +889,8 @@ fn ends_sync_run(action: TraceAction) -> bool {
 
 /// Decides whether the releases `trace[i..i + run]` are the work of the next malloc (garbage
 /// collection, the oversize release or the full release of the retry chain, `policy:cachalot`'s
-/// return of the cache) or of an `empty_cache` call: the malloc's, when it would release
-/// exactly `run` segments itself. That count is read off the allocator's state
+/// return of cached memory before a new peak) or of an `empty_cache` call: the malloc's, when it
+/// would release exactly `run` segments itself. That count is read off the allocator's state
 /// ([`CachingAllocator::releases_of_malloc`]); only where the state does not tell is the malloc
 /// tried on a copy of the live state (counted in `trial_copies`).
 fn released_by_next_malloc(

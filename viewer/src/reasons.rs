@@ -149,7 +149,7 @@ impl ReasonsState {
                         let mut at = at.borrow_mut();
                         at.0 += 1;
                         at.1 = what;
-                        pending_once()
+                        cachalot_runtime::runtime::yield_now()
                     });
                 self.pending = Some(Pending { future: Box::pin(future), step });
             }
@@ -216,20 +216,6 @@ impl std::task::Wake for Repaint {
     fn wake(self: std::sync::Arc<Self>) {
         self.0.request_repaint();
     }
-}
-
-/// A future that is pending once (asking to be polled again: the next frame) and then ready.
-#[cfg(target_arch = "wasm32")]
-fn pending_once() -> impl std::future::Future<Output = ()> {
-    let mut paused = false;
-    std::future::poll_fn(move |cx| {
-        if paused {
-            return std::task::Poll::Ready(());
-        }
-        paused = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
 }
 
 /// The snapshot a loaded run came from, as far as the analysis reads one: device (with the run

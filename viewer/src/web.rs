@@ -72,6 +72,13 @@ pub struct WebHandle {
     runner: eframe::WebRunner,
 }
 
+impl WebHandle {
+    /// The running app, or the error a page's call gets before it starts or after it failed.
+    fn app(&self) -> Result<std::cell::RefMut<'_, WebApp>, JsValue> {
+        self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))
+    }
+}
+
 #[wasm_bindgen]
 impl WebHandle {
     /// A runner; call [`WebHandle::start`] with the canvas.
@@ -129,7 +136,7 @@ impl WebHandle {
     /// Opens a file of the page's server, as `?open=` does (the benchmark times it).
     #[wasm_bindgen]
     pub fn open_url(&self, url: String) -> Result<(), JsValue> {
-        let app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let app = self.app()?;
         app.viewer.fetch(url, app.ctx.clone());
         Ok(())
     }
@@ -173,7 +180,7 @@ impl WebHandle {
     pub fn run_on_gpu(&self, settings: &str) -> Result<(), JsValue> {
         let value: serde_json::Value =
             serde_json::from_str(settings).map_err(|e| JsValue::from_str(&format!("settings: {e}")))?;
-        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let mut app = self.app()?;
         let s = &mut app.runs.settings;
         let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_owned);
         if let Some(name) = text("experiment") {
@@ -228,7 +235,7 @@ impl WebHandle {
         json: Option<String>,
         run: Option<String>,
     ) -> Result<(), JsValue> {
-        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let mut app = self.app()?;
         let app = &mut *app;
         let expected = &mut app.viewer.side_by_side.expected;
         match json {
@@ -262,7 +269,7 @@ impl WebHandle {
     /// `Compare`, `Tune`), as its button in the top bar does.
     #[wasm_bindgen]
     pub fn show_view(&self, title: &str) -> Result<(), JsValue> {
-        let mut app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let mut app = self.app()?;
         app.viewer.view =
             crate::tabs::View::from_name(title).ok_or_else(|| JsValue::from_str(&format!("no view '{title}'")))?;
         app.ctx.request_repaint();
@@ -274,7 +281,7 @@ impl WebHandle {
     /// destroys the device (as a driver reset or the browser reclaiming it would lose it).
     #[wasm_bindgen]
     pub fn inject_gpu_fault(&self, kind: &str) -> Result<(), JsValue> {
-        let app = self.runner.app_mut::<WebApp>().ok_or_else(|| JsValue::from_str("the app is not running"))?;
+        let app = self.app()?;
         app.runs.inject_fault(kind).map_err(|e| JsValue::from_str(&e))?;
         app.ctx.request_repaint();
         Ok(())

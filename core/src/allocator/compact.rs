@@ -178,36 +178,24 @@ impl<B: Backend> CachingAllocator<B> {
     /// block there grows by the pages mapped after it, so the miss takes fewer bytes than its
     /// `alloc_size`; never more.
     fn memory_a_miss_takes(&self, request: &Request) -> (u64, Option<(u32, u64, u64)>) {
-        if !request.expandable {
+        let Some(start) = request.expandable.then(|| self.expandable_room(request)).flatten() else {
             return (request.alloc_size, None);
-        }
+        };
+        // The run `expandable_room` found, walked again for the pages it lacks and its end.
         let size = request.size;
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        let mut cursor = tree.first_of_stream(&self.blocks, request.stream);
-        while let Some(unmapped) = cursor {
-            if self.blocks[unmapped].stream != request.stream {
-                break;
+        let (mut bytes, mut mapped, mut end, mut b) = (0, 0, 0, start);
+        while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
+            let block = &self.blocks[b];
+            if !block.mapped {
+                let (_, page) = self.segment_pages(block.segment);
+                mapped += (size - bytes).min(block.size).div_ceil(page) * page;
             }
-            let prev = self.blocks[unmapped].prev;
-            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-            let (mut bytes, mut mapped, mut end, mut b) = (0, 0, 0, start);
-            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-                let block = &self.blocks[b];
-                if !block.mapped {
-                    let page = self.segments[block.segment].page_size.unwrap_or(SMALL_BUFFER);
-                    mapped += (size - bytes).min(block.size).div_ceil(page) * page;
-                }
-                bytes += block.size;
-                end = block.ptr + block.size;
-                b = block.next;
-            }
-            if bytes >= size {
-                let first = &self.blocks[start];
-                return (mapped, Some((first.segment, first.ptr, end)));
-            }
-            cursor = tree.successor(&self.blocks, unmapped);
+            bytes += block.size;
+            end = block.ptr + block.size;
+            b = block.next;
         }
-        (request.alloc_size, None)
+        let first = &self.blocks[start];
+        (mapped, Some((first.segment, first.ptr, end)))
     }
 
     /// The page range `give_back_from(id, wanted)` unmaps from the expandable free block `id`
@@ -215,7 +203,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// where the block holds no whole page.
     fn pages_given_back_from(&self, id: u32, wanted: u64) -> Option<(u64, u64, u64)> {
         let b = &self.blocks[id];
-        let (base, page) = (self.segments[b.segment].base, self.segments[b.segment].page_size.unwrap_or(SMALL_BUFFER));
+        let (base, page) = self.segment_pages(b.segment);
         let first = (b.ptr - base).div_ceil(page);
         let end = (b.ptr + b.size - base) / page;
         (first < end).then(|| (first.max(end - wanted.div_ceil(page).min(end - first)), end, page))
@@ -280,7 +268,6 @@ pub(super) struct GiveBack {
 
 #[cfg(test)]
 mod tests {
-    use crate::backend::{Backend, BackendError, DeviceFacts};
     use crate::config::{AllocatorConfig, Policy};
     use crate::size::MIB;
     use crate::{CachingAllocator, SimBackend, StreamId};
@@ -381,44 +368,12 @@ mod tests {
         allocator.check_consistency().unwrap();
     }
 
-    /// The simulator without page mapping, as wgpu is: the policy then takes ordinary segments.
-    struct Unmappable {
-        sim: SimBackend,
-        facts: DeviceFacts,
-    }
-
-    impl Backend for Unmappable {
-        type Event = <SimBackend as Backend>::Event;
-
-        fn device(&self) -> &DeviceFacts {
-            &self.facts
-        }
-        fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
-            self.sim.allocate_segment(size, stream)
-        }
-        fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-            self.sim.free_segment(address, size)
-        }
-        fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
-            self.sim.memory_info()
-        }
-        fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
-            self.sim.record_event(stream)
-        }
-        fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
-            self.sim.query_event(event)
-        }
-        fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
-            self.sim.synchronize_event(event)
-        }
-    }
-
     #[test]
     fn without_pages_whole_segments_go_back_largest_first_until_the_miss_fits() {
-        let sim = SimBackend::new(80 << 30);
-        let facts = DeviceFacts { supports_expandable_segments: false, ..sim.device().clone() };
+        // The simulator without page mapping, as wgpu is: the policy then takes ordinary segments.
+        let sim = SimBackend::new(80 << 30).without_page_mapping();
         let config = AllocatorConfig::parse("policy:cachalot").unwrap();
-        let mut allocator = CachingAllocator::new(Unmappable { sim, facts }, config).unwrap();
+        let mut allocator = CachingAllocator::new(sim, config).unwrap();
         let live: Vec<_> =
             [8, 4, 6, 2].iter().map(|&m| allocator.malloc(m * MIB, StreamId::DEFAULT).unwrap()).collect();
         let [a, b, c, _] = live.try_into().unwrap();

@@ -16,7 +16,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// size. `Ok(None)` when pages could not be mapped.
     pub(super) fn try_allocate_expandable_block(&mut self, request: &Request) -> Result<Option<u32>, AllocatorError> {
         let size = request.size;
-        let mut candidate = self.find_expandable_block(request, size)?;
+        let mut candidate = self.find_expandable_block(request)?;
         // The candidate is one of: unmapped -> end; unmapped -> free -> ...; free -> unmapped -> ...
         if !self.blocks[candidate].mapped {
             let to_map = self.blocks[candidate].size.min(size);
@@ -39,38 +39,15 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// `find_expandable_block`: the lowest address, in any segment of this stream and pool,
-    /// where free and unmapped blocks together offer `size` bytes; a new segment otherwise.
-    fn find_expandable_block(&mut self, request: &Request, size: u64) -> Result<u32, AllocatorError> {
+    /// where free and unmapped blocks together offer the request's bytes; a new segment
+    /// otherwise.
+    fn find_expandable_block(&mut self, request: &Request) -> Result<u32, AllocatorError> {
         let (stream, pool, slot) = (request.stream, request.pool, request.slot);
-        let tree = &self.pool(slot, pool).unmapped;
-        let mut cursor = tree.first_of_stream(&self.blocks, stream);
-        while let Some(unmapped) = cursor {
-            if self.blocks[unmapped].stream != stream {
-                break;
-            }
-            let prev = self.blocks[unmapped].prev;
-            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-            let mut bytes = 0;
-            let mut b = start;
-            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-                bytes += self.blocks[b].size;
-                b = self.blocks[b].next;
-            }
-            if bytes >= size {
-                return Ok(start);
-            }
-            cursor = tree.successor(&self.blocks, unmapped);
+        if let Some(start) = self.expandable_room(request) {
+            return Ok(start);
         }
-
-        let page_size = match (pool, self.config.policy()) {
-            (PoolKind::Small, _) => SMALL_BUFFER,
-            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
-            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
-        };
-        // Enough VA for 1 1/8 of the device, so pages can move when earlier ones were unmapped.
-        let total = self.backend.device().total_memory;
-        let pages = (total + total / 8).div_ceil(page_size);
-        let reserved = pages * page_size;
+        let page_size = self.expandable_page_size(pool);
+        let reserved = self.reservation_size(pool);
         let base = self.backend.reserve_address_space(reserved, page_size, stream)?;
         let segment = self.segments.insert(Segment {
             base,
@@ -92,6 +69,45 @@ impl<B: Backend> CachingAllocator<B> {
         self.segments[segment].head = id;
         self.insert_unmapped(id);
         Ok(id)
+    }
+
+    /// `find_expandable_block`'s search among the existing segments, without making a new one:
+    /// the first block of the lowest run of free and unmapped blocks of the request's stream
+    /// and pool that offers the request's bytes. Read only: the replay's plan of a malloc and
+    /// `policy:cachalot`'s rule 4 ask it too.
+    pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
+        let (stream, size) = (request.stream, request.size);
+        let tree = &self.pool(request.slot, request.pool).unmapped;
+        let mut cursor = tree.first_of_stream(&self.blocks, stream);
+        while let Some(unmapped) = cursor {
+            if self.blocks[unmapped].stream != stream {
+                break;
+            }
+            let prev = self.blocks[unmapped].prev;
+            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
+            let mut bytes = 0;
+            let mut b = start;
+            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
+                bytes += self.blocks[b].size;
+                b = self.blocks[b].next;
+            }
+            if bytes >= size {
+                return Some(start);
+            }
+            cursor = tree.successor(&self.blocks, unmapped);
+        }
+        None
+    }
+
+    /// The page size of a new expandable segment of `pool`: 2 MiB in the small pool; in the
+    /// large pool PyTorch's `large_segment_size` (20 MiB), or the device's 2 MiB granularity
+    /// under `policy:cachalot`.
+    pub(super) fn expandable_page_size(&self, pool: PoolKind) -> u64 {
+        match (pool, self.config.policy()) {
+            (PoolKind::Small, _) => SMALL_BUFFER,
+            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
+            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
+        }
     }
 
     /// `map_block`: backs the first `size` bytes (rounded up to pages) of the unmapped block
@@ -204,7 +220,16 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(())
     }
 
-    fn segment_pages(&self, segment: u32) -> (u64, u64) {
+    /// The VA a new expandable segment of `pool` reserves: enough for 1 1/8 of the device, in
+    /// its pages, so pages can move when earlier ones were unmapped.
+    pub(super) fn reservation_size(&self, pool: PoolKind) -> u64 {
+        let page_size = self.expandable_page_size(pool);
+        let total = self.backend.device().total_memory;
+        (total + total / 8).div_ceil(page_size) * page_size
+    }
+
+    /// The base address and page size of expandable segment `segment`.
+    pub(super) fn segment_pages(&self, segment: u32) -> (u64, u64) {
         let s = &self.segments[segment];
         (s.base, s.page_size.unwrap_or(SMALL_BUFFER))
     }

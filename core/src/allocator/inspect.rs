@@ -417,7 +417,6 @@ impl<B: Backend> CachingAllocator<B> {
         if self.plan_hit(&request) {
             return Some(0);
         }
-        let (releasable, _) = self.releasable();
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
         let gave_back = self.plan_give_backs_before_peak(&request, &mut plan);
         if self.gc_enabled() {
@@ -428,7 +427,14 @@ impl<B: Backend> CachingAllocator<B> {
             // surely fits (its whole `alloc_size`, within the fraction and the device).
             return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
         }
-        if (plan.releases == releasable && !pending) || self.plan_fits(&request, &plan, device_free)? {
+        // The first device allocation served: the common answer, found without counting what
+        // the cache could give back (every free block of both pools).
+        let fits = self.plan_fits(&request, &plan, device_free);
+        if fits == Some(true) {
+            return Some(plan.releases);
+        }
+        let (releasable, _) = self.releasable();
+        if (plan.releases == releasable && !pending) || fits? {
             return Some(plan.releases);
         }
         if self.plan_oversize_release(&request, &mut plan) && self.plan_fits(&request, &plan, device_free)? {
@@ -464,7 +470,7 @@ impl<B: Backend> CachingAllocator<B> {
                 (self.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
             })
         };
-        let fresh_has_room = size <= self.reservation_extent(&request);
+        let fresh_has_room = size <= self.reservation_size(request.pool);
         let mut made = 0;
         let mut fresh = false;
         // The first device allocation: a reservation where no segment has room.
@@ -509,26 +515,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// routed to a pool, no private pools, and no cross-stream frees outstanding unless
     /// `pending_allowed`.
     fn plannable_request(&self, size: u64, stream: StreamId, pending_allowed: bool) -> Option<super::malloc::Request> {
-        use crate::config::Policy;
-        use crate::size::{allocation_size, round_size};
         let pending = self.events.values().any(|q| !q.is_empty());
         if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
             return None;
         }
-        Some(match self.config.policy() {
-            Policy::PyTorch => {
-                let rounded = round_size(size, self.config.roundup_power2_divisions());
-                super::malloc::Request {
-                    stream,
-                    pool: PoolKind::for_size(rounded),
-                    size: rounded,
-                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
-                    expandable: self.config.expandable_segments(),
-                    slot: NIL,
-                }
-            }
-            Policy::Cachalot => self.compact_request(size, stream),
-        })
+        Some(self.request(size, stream))
     }
 
     /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
@@ -573,7 +564,7 @@ impl<B: Backend> CachingAllocator<B> {
             for id in pool.free.to_vec() {
                 let b = &self.blocks[id];
                 let released = if b.expandable {
-                    let (base, page) = self.pages_of(b.segment);
+                    let (base, page) = self.segment_pages(b.segment);
                     let (begin, end) = ((b.ptr - base).div_ceil(page), (b.ptr + b.size - base) / page);
                     end.saturating_sub(begin) * page
                 } else if b.is_split() {
@@ -622,7 +613,7 @@ impl<B: Backend> CachingAllocator<B> {
                 bytes += block.size;
                 if block.mapped {
                     mapped = true;
-                    let (base, page) = self.pages_of(block.segment);
+                    let (base, page) = self.segment_pages(block.segment);
                     whole_page |= (block.ptr - base).div_ceil(page) < (block.ptr + block.size - base) / page;
                 } else {
                     whole_page = true;
@@ -636,48 +627,6 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         false
-    }
-
-    /// The VA a new reservation for `request` spans: 1 1/8 of the device in pages of its pool.
-    fn reservation_extent(&self, request: &super::malloc::Request) -> u64 {
-        use crate::config::Policy;
-        let page = match (request.pool, self.config.policy()) {
-            (PoolKind::Small, _) => crate::size::SMALL_BUFFER,
-            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
-            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
-        };
-        let total = self.backend.device().total_memory;
-        (total + total / 8).div_ceil(page) * page
-    }
-
-    /// `find_expandable_block`'s choice among the existing segments, without making a new one.
-    fn expandable_room(&self, request: &super::malloc::Request) -> Option<u32> {
-        let (stream, size) = (request.stream, request.size);
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        let mut cursor = tree.first_of_stream(&self.blocks, stream);
-        while let Some(unmapped) = cursor {
-            if self.blocks[unmapped].stream != stream {
-                break;
-            }
-            let prev = self.blocks[unmapped].prev;
-            let first = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-            let mut bytes = 0;
-            let mut b = first;
-            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-                bytes += self.blocks[b].size;
-                b = self.blocks[b].next;
-            }
-            if bytes >= size {
-                return Some(first);
-            }
-            cursor = tree.successor(&self.blocks, unmapped);
-        }
-        None
-    }
-
-    fn pages_of(&self, segment: u32) -> (u64, u64) {
-        let s = &self.segments[segment];
-        (s.base, s.page_size.unwrap_or(crate::size::SMALL_BUFFER))
     }
 
     /// `garbage_collect_cached_blocks`, planned: the collector's clock has ticked once more
@@ -790,12 +739,8 @@ impl<B: Backend> CachingAllocator<B> {
         let size = request.size;
         let Some(start) = self.expandable_room(request) else {
             // A new reservation, whose first pages are mapped.
-            let page = match (request.pool, self.config.policy()) {
-                (PoolKind::Small, _) => crate::size::SMALL_BUFFER,
-                (PoolKind::Large, crate::config::Policy::PyTorch) => self.config.large_segment_size(),
-                (PoolKind::Large, crate::config::Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
-            };
-            return (size <= self.reservation_extent(request)).then(|| size.div_ceil(page) * page);
+            let page = self.expandable_page_size(request.pool);
+            return (size <= self.reservation_size(request.pool)).then(|| size.div_ceil(page) * page);
         };
         // One piece: the candidate itself when unmapped, else the unmapped block after it.
         let (mapped_before, piece) = match self.blocks[start].mapped {
@@ -807,7 +752,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let b = &self.blocks[piece];
         let to_map = (size - mapped_before).min(b.size);
-        let (base, page) = self.pages_of(b.segment);
+        let (base, page) = self.segment_pages(b.segment);
         let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
         // After the mapping, the piece joins the free block before it and, if wholly mapped,
         // the free block after it.

@@ -54,20 +54,7 @@ impl<B: Backend> CachingAllocator<B> {
             self.process_events()?;
         }
         let policy = self.config.policy();
-        let request = match policy {
-            Policy::PyTorch => {
-                let rounded = round_size(size, self.config.roundup_power2_divisions());
-                Request {
-                    stream,
-                    pool: PoolKind::for_size(rounded),
-                    size: rounded,
-                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
-                    expandable: self.config.expandable_segments(),
-                    slot: self.routed_slot(stream),
-                }
-            }
-            Policy::Cachalot => self.compact_request(size, stream),
-        };
+        let request = self.request(size, stream);
         self.last_device_limit = None;
 
         let mut found = self.get_free_block(&request);
@@ -96,6 +83,26 @@ impl<B: Backend> CachingAllocator<B> {
         };
         let split = self.should_split(block, &request);
         Ok(self.alloc_found_block(block, &request, size, split))
+    }
+
+    /// The block and segment sizes, pool and routing of a request of `size` (> 0) bytes on
+    /// `stream`, as the configured policy makes them. Also the replay's plan of a malloc.
+    #[inline]
+    pub(super) fn request(&self, size: u64, stream: StreamId) -> Request {
+        match self.config.policy() {
+            Policy::PyTorch => {
+                let rounded = round_size(size, self.config.roundup_power2_divisions());
+                Request {
+                    stream,
+                    pool: PoolKind::for_size(rounded),
+                    size: rounded,
+                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
+                    expandable: self.config.expandable_segments(),
+                    slot: self.routed_slot(stream),
+                }
+            }
+            Policy::Cachalot => self.compact_request(size, stream),
+        }
     }
 
     /// `get_free_block`: the best-fit candidate of the request's stream, if the oversize rules

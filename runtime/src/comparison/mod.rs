@@ -30,7 +30,6 @@ mod losses;
 mod tables;
 
 use std::future::Future;
-use std::task::{Context, Poll, Waker};
 
 pub use columns::{Column, Factors, MarkValue, from_expected_json, from_snapshot, load};
 pub use events::{EventComparisons, EventPair, Reproduction};
@@ -119,17 +118,11 @@ impl Comparison {
 /// Compares runs: the first is the baseline (see the module docs). With
 /// [`CompareOptions::verify`], experiments are rerun on the simulator, which takes a moment
 /// for large ones; [`compare_runs_paced`] is the same comparison with a pause before each
-/// rerun, for a caller that must not be held up that long (the browser's page).
+/// rerun, for a caller that must not be held up that long (the browser's page, which cannot
+/// block: this one exists natively only).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn compare_runs(columns: Vec<Column>, options: CompareOptions) -> Comparison {
-    let mut future = std::pin::pin!(compare_runs_paced(columns, options, |_| std::future::ready(())));
-    let mut context = Context::from_waker(Waker::noop());
-    // Every pause is ready at once, so the first poll finishes; polling again is what any
-    // executor would do if that ever changed.
-    loop {
-        if let Poll::Ready(comparison) = future.as_mut().poll(&mut context) {
-            return comparison;
-        }
-    }
+    pollster::block_on(compare_runs_paced(columns, options, |_| std::future::ready(())))
 }
 
 /// [`compare_runs`], awaiting `pause(what)` before each rerun on the simulator (`what` says
