@@ -240,21 +240,18 @@ impl StreamClasses {
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
 pub(crate) struct FreeIndex {
-    /// Sorted by stream; only streams with filed blocks have an entry. An entry takes 648
-    /// bytes plus 2 KB per group of classes it used (all of them: 400 KB), so an entry whose
-    /// last block leaves is released: a stream that holds no free block of this pool costs
-    /// nothing, however many streams a trace names.
-    ///
-    /// Boxed, so that an entry that leaves and comes back (a pool whose last free block is
-    /// taken and another freed, every few ops where the cache holds little slack, as under
-    /// `policy:cachalot`) moves a pointer in and out of `streams` and `spare`, not 648 bytes
-    /// three times: that copying was 22 instructions per op on trace-convnet_train.
-    #[allow(clippy::vec_box, reason = "entries move between the two vectors; a box moves as a pointer")]
-    streams: Vec<Box<StreamClasses>>,
-    /// Emptied entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
+    /// Sorted by stream; a stream with filed blocks has an entry. An entry takes 648 bytes
+    /// plus 2 KB per group of classes it used (all of them: 400 KB). An entry whose last block
+    /// leaves stays where it is, empty, until a stream without an entry needs one: then every
+    /// empty entry is released (to `spare`, or dropped). So a stream that holds no free block
+    /// of this pool costs nothing once others come, however many streams a trace names, and a
+    /// pool whose last free block is taken and another freed every few ops (a cache that holds
+    /// little slack, as under `policy:cachalot`) moves no entry: releasing and re-inserting it
+    /// each time copied 648 bytes three times, 22 instructions per op on trace-convnet_train.
+    streams: Vec<StreamClasses>,
+    /// Released entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
     /// that a stream whose free set empties and fills again allocates nothing.
-    #[allow(clippy::vec_box, reason = "entries move between the two vectors; a box moves as a pointer")]
-    spare: Vec<Box<StreamClasses>>,
+    spare: Vec<StreamClasses>,
     /// The chunks of every class's list.
     arena: Arena,
     /// Blocks in the class lists (the recent block not counted).
@@ -292,7 +289,7 @@ impl Default for FreeIndex {
 impl FreeIndex {
     #[inline]
     fn stream(&self, stream: StreamId) -> Option<&StreamClasses> {
-        self.streams.iter().find(|s| s.stream == stream).map(|s| &**s)
+        self.streams.iter().find(|s| s.stream == stream)
     }
 
     /// Adds free block `id`, which becomes the recent block; the previous recent block is
@@ -321,13 +318,14 @@ impl FreeIndex {
         let index = match self.streams.iter().position(|s| s.stream == block.stream) {
             Some(i) => i,
             None => {
+                self.release_empty_entries();
                 let at = self.streams.partition_point(|s| s.stream < block.stream);
                 let classes = match self.spare.pop() {
                     Some(mut spare) => {
                         spare.stream = block.stream;
                         spare
                     }
-                    None => Box::new(StreamClasses::new(block.stream)),
+                    None => StreamClasses::new(block.stream),
                 };
                 self.streams.insert(at, classes);
                 at
@@ -361,9 +359,19 @@ impl FreeIndex {
         }
         classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
-        if classes.filed == 0 {
-            // Every list is empty and every bit clear: the entry can serve any stream later.
-            let emptied = self.streams.remove(index);
+        // An emptied entry stays until another stream needs one (`release_empty_entries`).
+    }
+
+    /// Releases the entries of streams with nothing filed, to `spare` up to [`SPARE_STREAMS`]:
+    /// every list of such an entry is empty and every bit clear, so it can serve any stream.
+    fn release_empty_entries(&mut self) {
+        let mut at = 0;
+        while at < self.streams.len() {
+            if self.streams[at].filed > 0 {
+                at += 1;
+                continue;
+            }
+            let emptied = self.streams.remove(at);
             if self.spare.len() < SPARE_STREAMS {
                 self.spare.push(emptied);
             }
@@ -460,7 +468,8 @@ impl FreeIndex {
     /// The streams with free blocks in the set, each once (for walks over each stream's largest
     /// blocks, which visit only what they use instead of every free block).
     pub(crate) fn streams(&self) -> Vec<StreamId> {
-        let mut streams: Vec<StreamId> = self.streams.iter().map(|classes| classes.stream).collect();
+        let mut streams: Vec<StreamId> =
+            self.streams.iter().filter(|classes| classes.filed > 0).map(|classes| classes.stream).collect();
         if self.recent.id != NIL && !streams.contains(&self.recent.stream) {
             streams.push(self.recent.stream);
         }
@@ -494,9 +503,6 @@ impl FreeIndex {
         for (i, classes) in self.streams.iter().enumerate() {
             if i > 0 && self.streams[i - 1].stream >= classes.stream {
                 return Err("free index streams out of order".into());
-            }
-            if classes.filed == 0 {
-                return Err(format!("stream {} keeps an empty entry", classes.stream.0));
             }
             let before = total;
             // Only the classes the bitmap marks are visited: a non-empty list the bitmap misses
@@ -906,7 +912,7 @@ mod tests {
         assert!(bytes <= 4096, "{bytes} bytes");
     }
 
-    /// A stream whose free blocks are all taken keeps no entry: 10,000 streams that each held
+    /// A stream whose free blocks are all taken keeps no entry once another stream needs one: 10,000 streams that each held
     /// free blocks once leave the index as small as one stream does, and an emptied entry
     /// waits for reuse.
     #[test]
@@ -928,9 +934,11 @@ mod tests {
             blocks.remove(second);
         }
         index.check(&blocks).unwrap();
-        assert!(index.streams.is_empty());
-        // The streams came one after another, so one entry served them all.
-        assert_eq!(index.spare.len(), 1);
+        // The streams came one after another, so one entry served them all; the last stream's
+        // stays, empty, until another stream needs one.
+        assert_eq!(index.streams.len() + index.spare.len(), 1);
+        assert!(index.streams.iter().all(|classes| classes.filed == 0));
+        assert!(index.streams().is_empty());
         // An emptied entry serves the next stream with its lists cleared.
         let id = add(&mut blocks, 77, 4096, 0);
         let other = add(&mut blocks, 77, 8192, 8192);
