@@ -125,7 +125,12 @@ impl<B: Backend> CachingAllocator<B> {
     pub(super) fn best_fit(&self, request: &Request) -> Option<u32> {
         let stream = request.stream;
         let pool = &self.pool(request.slot, request.pool).free;
-        let mut it = pool.lower_bound(stream, request.size)?;
+        // For expandable requests the next block comes along where the index knows it without
+        // a search (the walk below asks for it); the others never walk, and skip the work.
+        let (mut it, mut known_next) = match request.expandable {
+            true => pool.lower_bound_and_next(stream, request.size)?,
+            false => (pool.lower_bound(stream, request.size)?, None),
+        };
         if self.blocks[it].stream != stream {
             return None;
         }
@@ -144,7 +149,7 @@ impl<B: Backend> CachingAllocator<B> {
                 // walk runs on most misses and many hits under policy:cachalot.
                 let mut grown = expandable_size(it);
                 while grown > self.blocks[it].size
-                    && let Some(next) = pool.successor(&self.blocks, it)
+                    && let Some(next) = known_next.take().unwrap_or_else(|| pool.successor(&self.blocks, it))
                 {
                     let next_grown = expandable_size(next);
                     if !(self.blocks[it].expandable && self.blocks[next].stream == stream && next_grown < grown) {
