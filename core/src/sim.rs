@@ -43,47 +43,65 @@ struct Reservation {
 /// real; the device calls (`num_device_alloc` / `num_device_free`) count it.
 #[derive(Clone, Debug, Default)]
 struct MappedRanges {
-    /// Start offset to end offset; disjoint, and never touching (adjacent runs are merged), so
-    /// that a range of mapped pages lies within one run.
-    runs: BTreeMap<u64, u64>,
+    /// (start offset, end offset), sorted; disjoint, and never touching (adjacent runs are
+    /// merged), so that a range of mapped pages lies within one run. A sorted vector, not a
+    /// B-tree: a reservation holds a few dozen runs at most on the reference traces, where a
+    /// binary search and a short shift cost less than the tree's look-ups.
+    runs: Vec<(u64, u64)>,
 }
 
 impl MappedRanges {
+    /// The number of runs starting before `offset`.
+    fn starting_before(&self, offset: u64) -> usize {
+        self.runs.partition_point(|&(start, _)| start < offset)
+    }
+
     /// Whether any byte of the non-empty range `[start, end)` is mapped.
     fn overlaps(&self, start: u64, end: u64) -> bool {
         // The last run beginning before `end`; runs before it end before it begins.
-        self.runs.range(..end).next_back().is_some_and(|(_, &run_end)| run_end > start)
+        let i = self.starting_before(end);
+        i > 0 && self.runs[i - 1].1 > start
     }
 
     /// Whether all of the non-empty range `[start, end)` is mapped.
     fn covers(&self, start: u64, end: u64) -> bool {
-        self.runs.range(..=start).next_back().is_some_and(|(_, &run_end)| run_end >= end)
+        let i = self.starting_before(start + 1);
+        i > 0 && self.runs[i - 1].1 >= end
     }
 
     /// Marks the non-empty range `[start, end)`, which overlaps no run, mapped.
     fn insert(&mut self, start: u64, end: u64) {
-        let (mut start, mut end) = (start, end);
-        if let Some((&before, &before_end)) = self.runs.range(..start).next_back()
-            && before_end == start
-        {
-            self.runs.remove(&before);
-            start = before;
+        let i = self.starting_before(start);
+        let joins_before = i > 0 && self.runs[i - 1].1 == start;
+        let joins_after = i < self.runs.len() && self.runs[i].0 == end;
+        match (joins_before, joins_after) {
+            (true, true) => {
+                self.runs[i - 1].1 = self.runs[i].1;
+                self.runs.remove(i);
+            }
+            (true, false) => self.runs[i - 1].1 = end,
+            (false, true) => self.runs[i].0 = start,
+            (false, false) => self.runs.insert(i, (start, end)),
         }
-        if let Some(after_end) = self.runs.remove(&end) {
-            end = after_end;
-        }
-        self.runs.insert(start, end);
     }
 
     /// Marks the non-empty range `[start, end)`, which must be covered, unmapped.
     fn remove(&mut self, start: u64, end: u64) {
-        let Some((&run, &run_end)) = self.runs.range(..=start).next_back() else { return };
-        self.runs.remove(&run);
-        if run < start {
-            self.runs.insert(run, start);
+        let i = self.starting_before(start + 1);
+        if i == 0 {
+            return;
         }
-        if end < run_end {
-            self.runs.insert(end, run_end);
+        let (run, run_end) = self.runs[i - 1];
+        match (run < start, end < run_end) {
+            (true, true) => {
+                self.runs[i - 1].1 = start;
+                self.runs.insert(i, (end, run_end));
+            }
+            (true, false) => self.runs[i - 1].1 = start,
+            (false, true) => self.runs[i - 1].0 = end,
+            (false, false) => {
+                self.runs.remove(i - 1);
+            }
         }
     }
 
@@ -548,11 +566,11 @@ mod tests {
                 });
             }
             let mut previous_end = None;
-            for (&run, &run_end) in &runs.runs {
+            for &(run, run_end) in &runs.runs {
                 assert!(run < run_end && previous_end.is_none_or(|e| e < run), "runs merged and apart");
                 previous_end = Some(run_end);
             }
-            let listed: Vec<u64> = runs.runs.iter().flat_map(|(&s, &e)| s..e).collect();
+            let listed: Vec<u64> = runs.runs.iter().flat_map(|&(s, e)| s..e).collect();
             assert_eq!(listed, pages.iter().copied().collect::<Vec<_>>());
         }
         assert_eq!(runs.is_empty(), pages.is_empty());
