@@ -559,14 +559,14 @@ impl FreeIndex {
     }
 
     /// The streams with free blocks in the set, each once (for walks over each stream's largest
-    /// blocks, which visit only what they use instead of every free block).
-    pub(crate) fn streams(&self) -> Vec<StreamId> {
-        let mut streams: Vec<StreamId> =
-            self.streams.iter().filter(|classes| classes.filed > 0).map(|classes| classes.stream).collect();
-        if self.recent.id != NIL && !streams.contains(&self.recent.stream) {
-            streams.push(self.recent.stream);
-        }
-        streams
+    /// blocks, which visit only what they use instead of every free block). An iterator, not a
+    /// vector: rule 4 of `policy:cachalot` asks at every miss at the peak, and the vectors'
+    /// allocations were a tenth of the instructions of trace-multistream under that policy.
+    pub(crate) fn streams(&self) -> impl Iterator<Item = StreamId> + '_ {
+        let filed = self.streams.iter().filter(|classes| classes.filed > 0).map(|classes| classes.stream);
+        let recent = self.recent.stream;
+        let recent_alone = self.recent.id != NIL && !filed.clone().any(|stream| stream == recent);
+        filed.chain(recent_alone.then_some(recent))
     }
 
     /// All blocks in set order.
@@ -1039,7 +1039,7 @@ mod tests {
         // stays, empty, until another stream needs one.
         assert_eq!(index.streams.len() + index.spare.len(), 1);
         assert!(index.streams.iter().all(|classes| classes.filed == 0));
-        assert!(index.streams().is_empty());
+        assert_eq!(index.streams().count(), 0);
         // An emptied entry serves the next stream with its lists cleared.
         let id = add(&mut blocks, 77, 4096, 0);
         let other = add(&mut blocks, 77, 8192, 8192);
