@@ -61,28 +61,36 @@ impl<B: Backend> CachingAllocator<B> {
         if policy == Policy::Cachalot {
             found = found.and_then(|block| self.compact_keep_hit(block, &request));
         }
-        if found.is_none() {
-            if policy == Policy::Cachalot {
-                self.return_free_memory_before(&request)?;
-            }
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks()?;
-            }
-            found = self.alloc_block(&request, false)?;
-            if found.is_none() && self.release_available_cached_blocks(&request)? {
-                found = self.alloc_block(&request, false)?;
-            }
-            // Releasing the whole cache synchronizes, which a capture must not.
-            if found.is_none() && self.routing.is_empty() {
-                self.release_cached_blocks()?;
-                found = self.alloc_block(&request, true)?;
-            }
-        }
-        let Some(block) = found else {
-            return Err(self.out_of_memory(&request, size));
+        let block = match found {
+            Some(block) => block,
+            None => self.malloc_miss(&request, size)?,
         };
         let split = self.should_split(block, &request);
         Ok(self.alloc_found_block(block, &request, size, split))
+    }
+
+    /// A cache miss: new memory for `request` (of `size` bytes as asked), through the retry
+    /// chain, or the out-of-memory error. Never inlined: kept out of `malloc`, the miss path's
+    /// code (under `policy:cachalot` its give-backs too) does not weigh on how the compiler
+    /// lays out the hit path, which moved by several instructions per op with changes there.
+    #[inline(never)]
+    fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<u32, AllocatorError> {
+        if self.config.policy() == Policy::Cachalot {
+            self.return_free_memory_before(request)?;
+        }
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks()?;
+        }
+        let mut found = self.alloc_block(request, false)?;
+        if found.is_none() && self.release_available_cached_blocks(request)? {
+            found = self.alloc_block(request, false)?;
+        }
+        // Releasing the whole cache synchronizes, which a capture must not.
+        if found.is_none() && self.routing.is_empty() {
+            self.release_cached_blocks()?;
+            found = self.alloc_block(request, true)?;
+        }
+        found.ok_or_else(|| self.out_of_memory(request, size))
     }
 
     /// The block and segment sizes, pool and routing of a request of `size` (> 0) bytes on
