@@ -541,7 +541,9 @@ impl<B: Backend> CachingAllocator<B> {
         if self.config.policy() != crate::config::Policy::Cachalot {
             return false;
         }
-        let give_backs = self.give_backs_before_peak(request);
+        let mut scratch = super::compact::GiveBackScratch::default();
+        self.give_backs_before_peak(request, &mut scratch);
+        let give_backs = scratch.plan;
         for give_back in &give_backs {
             if self.blocks[give_back.block].expandable {
                 // Pages at the top of a free block: the block stays (smaller, or unmapped).

@@ -155,6 +155,9 @@ pub struct CachingAllocator<B: Backend> {
     gc_clock_started: bool,
     /// Callbacks called at out-of-memory errors (`observer.rs`).
     oom_observers: OomObservers<B>,
+    /// The vectors `policy:cachalot`'s rule 4 fills at each miss at the peak, kept between
+    /// misses so that it allocates nothing once warm (`compact.rs`).
+    give_back_scratch: compact::GiveBackScratch,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -189,6 +192,7 @@ impl<B: Backend> CachingAllocator<B> {
             contexts_used: false,
             gc_clock_started: false,
             oom_observers: OomObservers::default(),
+            give_back_scratch: compact::GiveBackScratch::default(),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -605,6 +609,7 @@ where
             contexts_used: self.contexts_used,
             gc_clock_started: self.gc_clock_started,
             oom_observers: OomObservers::default(),
+            give_back_scratch: compact::GiveBackScratch::default(),
         }
     }
 }
