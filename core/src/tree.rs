@@ -368,12 +368,18 @@ impl FreeIndex {
         classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
         if classes.filed == 0 {
-            if self.idle < IDLE_STREAMS {
-                // Left in place for the stream's next free block.
+            // Left in place for the stream's next free block. When the idle entries are full,
+            // another stream's makes room: the streams that empty and fill again keep theirs,
+            // not those that emptied first.
+            let evicted = if self.idle < IDLE_STREAMS {
                 self.idle += 1;
+                None
             } else {
+                self.streams.iter().enumerate().position(|(i, s)| i != index && s.filed == 0)
+            };
+            if let Some(other) = evicted {
                 // Every list is empty and every bit clear: the entry can serve any stream later.
-                let emptied = self.streams.remove(index);
+                let emptied = self.streams.remove(other);
                 if self.spare.len() < SPARE_STREAMS {
                     self.spare.push(emptied);
                 }
@@ -941,10 +947,12 @@ mod tests {
             blocks.remove(second);
         }
         index.check(&blocks).unwrap();
-        // The first streams' entries stay in place, empty; after them one spare entry served
-        // every other stream, as they came one after another.
+        // The last streams' entries stay in place, empty; each made room by handing an older
+        // one to the spares, where one entry served every stream after it.
         assert_eq!(index.streams.len(), IDLE_STREAMS);
-        assert!(index.streams.iter().all(|classes| classes.filed == 0 && classes.stream.0 < IDLE_STREAMS as u64));
+        assert!(
+            index.streams.iter().all(|classes| classes.filed == 0 && classes.stream.0 >= 10_000 - IDLE_STREAMS as u64)
+        );
         assert!(index.streams().is_empty());
         assert_eq!(index.spare.len(), 1);
         // An emptied entry serves the next stream with its lists cleared.
@@ -955,6 +963,31 @@ mod tests {
         index.check(&blocks).unwrap();
         assert_eq!(index.lower_bound(StreamId(77), 1), Some(id));
         assert!(index.spare.is_empty());
+    }
+
+    /// A stream whose one filed block is taken and freed again, step after step, keeps its
+    /// entry where it is: nothing moves among the streams' entries or to the spares.
+    #[test]
+    fn a_stream_that_empties_and_fills_again_keeps_its_entry() {
+        let mut blocks = Blocks::default();
+        let mut index = FreeIndex::default();
+        let others: Vec<u32> = (0..3).map(|s| add(&mut blocks, s * 2, 1 << 20, s << 30)).collect();
+        let cycling = add(&mut blocks, 3, 1 << 20, 7 << 30);
+        let spacer = add(&mut blocks, 3, 4096, 9 << 30);
+        for &id in &others {
+            index.insert(&blocks, id);
+        }
+        for _ in 0..100 {
+            // Filed in its class list (the spacer becomes the recent block), then taken.
+            index.insert(&blocks, cycling);
+            index.insert(&blocks, spacer);
+            index.remove(&blocks, spacer);
+            assert_eq!(index.lower_bound(StreamId(3), 1 << 20), Some(cycling));
+            index.remove(&blocks, cycling);
+            index.check(&blocks).unwrap();
+            assert_eq!(index.streams.iter().map(|c| c.stream.0).collect::<Vec<_>>(), [0, 2, 3, 4]);
+            assert!(index.spare.is_empty());
+        }
     }
 
     #[test]
