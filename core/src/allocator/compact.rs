@@ -134,8 +134,9 @@ impl<B: Backend> CachingAllocator<B> {
             return plan;
         }
         let mut excess = wanted - peak;
-        // One cursor per (pool, stream), at its largest free block not yet visited.
-        let mut cursors = Vec::new();
+        // One cursor per (pool, stream), at its largest free block not yet visited. Room for
+        // a few streams' cursors is made at once, so that the common case allocates once.
+        let mut cursors = Vec::with_capacity(8);
         for kind in [PoolKind::Large, PoolKind::Small] {
             let free = &self.pool(request.slot, kind).free;
             for stream in free.streams() {

@@ -78,11 +78,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
         let (stream, size) = (request.stream, request.size);
         let tree = &self.pool(request.slot, request.pool).unmapped;
-        let mut cursor = tree.first_of_stream(&self.blocks, stream);
-        while let Some(unmapped) = cursor {
-            if self.blocks[unmapped].stream != stream {
-                break;
-            }
+        for unmapped in tree.walk_stream(&self.blocks, stream) {
             let prev = self.blocks[unmapped].prev;
             let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
             let mut bytes = 0;
@@ -94,7 +90,6 @@ impl<B: Backend> CachingAllocator<B> {
             if bytes >= size {
                 return Some(start);
             }
-            cursor = tree.successor(&self.blocks, unmapped);
         }
         None
     }

@@ -585,12 +585,7 @@ impl<B: Backend> CachingAllocator<B> {
     fn room_after_release(&self, request: &super::malloc::Request) -> bool {
         let (stream, size) = (request.stream, request.size);
         let pool = self.pool(request.slot, request.pool);
-        let mut seeds = Vec::new();
-        let mut cursor = pool.unmapped.first_of_stream(&self.blocks, stream);
-        while let Some(id) = cursor.filter(|&id| self.blocks[id].stream == stream) {
-            seeds.push(id);
-            cursor = pool.unmapped.successor(&self.blocks, id);
-        }
+        let mut seeds: Vec<u32> = pool.unmapped.walk_stream(&self.blocks, stream).collect();
         let mut cursor = pool.free.lower_bound(stream, 0);
         while let Some(id) = cursor.filter(|&id| self.blocks[id].stream == stream) {
             if self.blocks[id].expandable {
