@@ -314,16 +314,15 @@ impl StreamClasses {
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
 pub(crate) struct FreeIndex {
-    /// Sorted by stream; a stream with filed blocks has an entry. An entry takes 648 bytes
-    /// plus 2 KB per group of classes it used (all of them: 400 KB). An entry whose last block
-    /// leaves stays where it is, empty, until a stream without an entry needs one: then every
-    /// empty entry is released (to `spare`, or dropped). So a stream that holds no free block
-    /// of this pool costs nothing once others come, however many streams a trace names, and a
-    /// pool whose last free block is taken and another freed every few ops (a cache that holds
-    /// little slack, as under `policy:cachalot`) moves no entry: releasing and re-inserting it
-    /// each time copied 648 bytes three times, 22 instructions per op on trace-convnet_train.
+    /// Sorted by stream: the streams with filed blocks, and at most [`IDLE_STREAMS`] whose
+    /// last filed block left (`idle` of them). An entry takes 648 bytes plus 2 KB per group of
+    /// classes it used (all of them: 400 KB), so beyond those few an emptied entry is released:
+    /// a stream that holds no free block of this pool costs nothing, however many streams a
+    /// trace names.
     streams: Vec<StreamClasses>,
-    /// Released entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
+    /// Entries of `streams` with no filed block.
+    idle: usize,
+    /// Emptied entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
     /// that a stream whose free set empties and fills again allocates nothing.
     spare: Vec<StreamClasses>,
     /// The chunks of every class's list.
@@ -337,6 +336,12 @@ pub(crate) struct FreeIndex {
 /// had: a bounded cache (at most 1.6 MB, usually a few KB), enough for a few streams whose
 /// free sets empty and fill again in turn.
 const SPARE_STREAMS: usize = 4;
+
+/// Emptied entries a [`FreeIndex`] leaves in place among the streams'. Why: a pool whose one
+/// filed block is taken and freed again, on every step, would otherwise move its 648-byte entry
+/// out of the sorted streams and back each time; those moves were 13% of the instructions per
+/// op on trace-multistream. Bounded like the spare entries, so idle streams still cost nothing.
+const IDLE_STREAMS: usize = 4;
 
 /// The block inserted last, not in any class list; `id` is [`NIL`] when there is none. Its
 /// stream and key are kept here, so that filing it later and comparing against it read no
@@ -352,6 +357,7 @@ impl Default for FreeIndex {
     fn default() -> Self {
         FreeIndex {
             streams: Vec::new(),
+            idle: 0,
             spare: Vec::new(),
             arena: Arena::default(),
             listed: 0,
@@ -390,8 +396,22 @@ impl FreeIndex {
     /// Puts a block in its class list.
     fn file(&mut self, block: Recent) {
         let index = match self.streams.iter().position(|s| s.stream == block.stream) {
-            Some(i) => i,
-            None => self.new_entry(block.stream),
+            Some(i) => {
+                self.idle -= usize::from(self.streams[i].filed == 0);
+                i
+            }
+            None => {
+                let at = self.streams.partition_point(|s| s.stream < block.stream);
+                let classes = match self.spare.pop() {
+                    Some(mut spare) => {
+                        spare.stream = block.stream;
+                        spare
+                    }
+                    None => StreamClasses::new(block.stream),
+                };
+                self.streams.insert(at, classes);
+                at
+            }
         };
         let classes = &mut self.streams[index];
         let class = size_class(block.key.0);
@@ -399,25 +419,6 @@ impl FreeIndex {
         classes.mark_filled(class);
         classes.filed += 1;
         self.listed += 1;
-    }
-
-    /// Makes an entry for `stream`, which has none, and returns its index. Out of line and
-    /// cold: it is rare, and kept apart it leaves `file`, which runs at most frees, short
-    /// (0.5-1% fewer instructions per op on the op files).
-    #[cold]
-    #[inline(never)]
-    fn new_entry(&mut self, stream: StreamId) -> usize {
-        self.release_empty_entries();
-        let at = self.streams.partition_point(|s| s.stream < stream);
-        let classes = match self.spare.pop() {
-            Some(mut spare) => {
-                spare.stream = stream;
-                spare
-            }
-            None => StreamClasses::new(stream),
-        };
-        self.streams.insert(at, classes);
-        at
     }
 
     /// Takes a block out of its class list.
@@ -440,21 +441,22 @@ impl FreeIndex {
         }
         classes.filed -= usize::from(found);
         self.listed -= usize::from(found);
-        // An emptied entry stays until another stream needs one (`release_empty_entries`).
-    }
-
-    /// Releases the entries of streams with nothing filed, to `spare` up to [`SPARE_STREAMS`]:
-    /// every list of such an entry is empty and every bit clear, so it can serve any stream.
-    fn release_empty_entries(&mut self) {
-        let mut at = 0;
-        while at < self.streams.len() {
-            if self.streams[at].filed > 0 {
-                at += 1;
-                continue;
-            }
-            let emptied = self.streams.remove(at);
-            if self.spare.len() < SPARE_STREAMS {
-                self.spare.push(emptied);
+        if classes.filed == 0 {
+            // Left in place for the stream's next free block. When the idle entries are full,
+            // another stream's makes room: the streams that empty and fill again keep theirs,
+            // not those that emptied first.
+            let evicted = if self.idle < IDLE_STREAMS {
+                self.idle += 1;
+                None
+            } else {
+                self.streams.iter().enumerate().position(|(i, s)| i != index && s.filed == 0)
+            };
+            if let Some(other) = evicted {
+                // Every list is empty and every bit clear: the entry can serve any stream later.
+                let emptied = self.streams.remove(other);
+                if self.spare.len() < SPARE_STREAMS {
+                    self.spare.push(emptied);
+                }
             }
         }
     }
@@ -600,6 +602,10 @@ impl FreeIndex {
 
     pub(crate) fn check(&self, blocks: &Blocks) -> Result<usize, String> {
         let mut total = 0;
+        let idle = self.streams.iter().filter(|classes| classes.filed == 0).count();
+        if idle != self.idle || idle > IDLE_STREAMS {
+            return Err(format!("free index keeps {idle} idle stream entries but counts {}", self.idle));
+        }
         for (i, classes) in self.streams.iter().enumerate() {
             if i > 0 && self.streams[i - 1].stream >= classes.stream {
                 return Err("free index streams out of order".into());
@@ -1020,9 +1026,9 @@ mod tests {
         assert!(bytes <= 4096, "{bytes} bytes");
     }
 
-    /// A stream whose free blocks are all taken keeps no entry once another stream needs one: 10,000 streams that each held
-    /// free blocks once leave the index as small as one stream does, and an emptied entry
-    /// waits for reuse.
+    /// A stream whose free blocks are all taken keeps no entry beyond a few left in place:
+    /// 10,000 streams that each held free blocks once leave the index as small as a few
+    /// streams do, and an emptied entry waits for reuse.
     #[test]
     fn idle_streams_cost_nothing() {
         let mut blocks = Blocks::default();
@@ -1042,11 +1048,14 @@ mod tests {
             blocks.remove(second);
         }
         index.check(&blocks).unwrap();
-        // The streams came one after another, so one entry served them all; the last stream's
-        // stays, empty, until another stream needs one.
-        assert_eq!(index.streams.len() + index.spare.len(), 1);
-        assert!(index.streams.iter().all(|classes| classes.filed == 0));
+        // The last streams' entries stay in place, empty; each made room by handing an older
+        // one to the spares, where one entry served every stream after it.
+        assert_eq!(index.streams.len(), IDLE_STREAMS);
+        assert!(
+            index.streams.iter().all(|classes| classes.filed == 0 && classes.stream.0 >= 10_000 - IDLE_STREAMS as u64)
+        );
         assert_eq!(index.streams().count(), 0);
+        assert_eq!(index.spare.len(), 1);
         // An emptied entry serves the next stream with its lists cleared.
         let id = add(&mut blocks, 77, 4096, 0);
         let other = add(&mut blocks, 77, 8192, 8192);
@@ -1055,6 +1064,31 @@ mod tests {
         index.check(&blocks).unwrap();
         assert_eq!(index.lower_bound(StreamId(77), 1), Some(id));
         assert!(index.spare.is_empty());
+    }
+
+    /// A stream whose one filed block is taken and freed again, step after step, keeps its
+    /// entry where it is: nothing moves among the streams' entries or to the spares.
+    #[test]
+    fn a_stream_that_empties_and_fills_again_keeps_its_entry() {
+        let mut blocks = Blocks::default();
+        let mut index = FreeIndex::default();
+        let others: Vec<u32> = (0..3).map(|s| add(&mut blocks, s * 2, 1 << 20, s << 30)).collect();
+        let cycling = add(&mut blocks, 3, 1 << 20, 7 << 30);
+        let spacer = add(&mut blocks, 3, 4096, 9 << 30);
+        for &id in &others {
+            index.insert(&blocks, id);
+        }
+        for _ in 0..100 {
+            // Filed in its class list (the spacer becomes the recent block), then taken.
+            index.insert(&blocks, cycling);
+            index.insert(&blocks, spacer);
+            index.remove(&blocks, spacer);
+            assert_eq!(index.lower_bound(StreamId(3), 1 << 20), Some(cycling));
+            index.remove(&blocks, cycling);
+            index.check(&blocks).unwrap();
+            assert_eq!(index.streams.iter().map(|c| c.stream.0).collect::<Vec<_>>(), [0, 2, 3, 4]);
+            assert!(index.spare.is_empty());
+        }
     }
 
     /// A stream's walk visits what `first_of_stream` and `successor` visit, in their order,

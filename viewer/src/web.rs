@@ -30,6 +30,13 @@ impl eframe::App for WebApp {
         }
         if drawn(&self.viewer) > drawn_before {
             crate::loading::mark("cachalot timeline drawn");
+            // eframe paints this frame after `ui` returns, in the same animation-frame callback;
+            // a microtask runs when that callback is over, so this mark is where the frame that
+            // drew the timeline has been handed to the GPU (the native figure's end point).
+            if let Some(window) = web_sys::window() {
+                let painted = Closure::once_into_js(|| crate::loading::mark("cachalot timeline painted"));
+                window.queue_microtask(painted.unchecked_ref());
+            }
         }
         if let Some(run) = self.runs.window(ui.ctx()) {
             self.viewer.add_live(run);

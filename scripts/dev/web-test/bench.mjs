@@ -1,11 +1,11 @@
 // The web page's side of BENCHMARKS.md's web section (scripts/dev/bench-web.sh runs it beside
 // the native references): seconds to open each file given (fetch + parse + rebuild, from
-// `open_url` to the tab's timeline drawn; median of RUNS page loads), and the `ops` experiment
+// `open_url` to the end of the frame that drew the tab's timeline; median of RUNS page loads), and the `ops` experiment
 // on the page's WebGPU with an op file (the runtime's own "ns per op" line). Prints JSON lines.
 //
 //   [RUNS=3] [SETTLE=2000] [VERBOSE=1] node bench.mjs BASE_URL OPS_FILE FILE_URL...
 import { readFileSync } from "node:fs";
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 
 const [base, opsPath, ...files] = process.argv.slice(2);
 if (!base || !opsPath) {
@@ -15,23 +15,7 @@ if (!base || !opsPath) {
 const runs = Number(process.env.RUNS || 3);
 const settle = Number(process.env.SETTLE ?? 2000);
 
-// The launch of webgpu.mjs: WebGPU on, and the page's WebGL on ANGLE's SwiftShader. Without
-// `--use-angle=swiftshader` headless Chromium composites in software and reads every WebGL
-// frame back on the page's main thread (GLES2::ReadPixels in the commit, waiting 0.5-0.8 s on
-// the GPU process per frame of a trace here), which is the browser's setup, not the page's cost.
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: [
-    "--no-sandbox",
-    "--enable-unsafe-webgpu",
-    "--enable-unsafe-swiftshader",
-    "--use-angle=swiftshader",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-  ],
-});
+const browser = await launchChromium();
 
 const ready = async (page) => {
   await page.goto(base);
@@ -59,9 +43,10 @@ try {
       // Timed right after the start instead (SETTLE=0), the open waits up to a second more for
       // an animation frame: Chromium throttles the frames of a page whose main thread was busy.
       await page.waitForTimeout(settle);
-      // Timed inside the page, polling every 5 ms: from the call to a drawn timeline. The
-      // page's own performance marks (fetch, fetched, load, loaded, tab added, timeline drawn)
-      // and the animation frames on the way say where the time went.
+      // Timed inside the page, polling every 5 ms for a drawn timeline: from the call to the
+      // page's mark at the end of the frame that drew it. The page's own performance marks
+      // (fetch, fetched, load, loaded, tab added, timeline drawn, timeline painted) and the
+      // animation frames on the way say where the time went.
       const result = await page.evaluate(
         (url) =>
           new Promise((done, fail) => {
@@ -92,7 +77,12 @@ try {
                       return [words[0].startsWith("load") || words[0].startsWith("fetch") ? words[0] : words.join(" "), ms(m.startTime)];
                     }),
                 );
-                return done({ seconds: (performance.now() - started) / 1000, entries: s.tabs[0].entries, warmed, marks, frames: frames.map(ms) });
+                // The end: the frame that drew the timeline handed to the GPU (the page marks it
+                // when that frame's callback is over). The poll's own time comes up to a
+                // timer tick, and sometimes a whole later frame, after it.
+                const painted = performance.getEntriesByName("cachalot timeline painted")[0];
+                if (!painted) return fail("the page left no 'cachalot timeline painted' mark");
+                return done({ seconds: (painted.startTime - started) / 1000, polled: ms(performance.now()), entries: s.tabs[0].entries, warmed, marks, frames: frames.map(ms) });
               }
               setTimeout(poll, 5);
             };

@@ -19,6 +19,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { chromium, firefox } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 
 const [base, refs, shot] = process.argv.slice(2);
 if (!base || !refs || !shot) {
@@ -26,27 +27,6 @@ if (!base || !refs || !shot) {
   process.exit(2);
 }
 const requireGpu = (process.env.CACHALOT_REQUIRE_GPU || "0") !== "0";
-
-// Chromium's WebGPU without a GPU: headless mode (Chromium 132 on has only the new one, which
-// playwright's `headless` asks for; a "headful" launch with --headless=new gives blank
-// screenshots) and the unsafe-WebGPU switch give an adapter on SwiftShader (no system Vulkan is
-// needed; VK_DRIVER_FILES is left alone). The page itself draws with WebGL on SwiftShader.
-const launchChromium = () =>
-  chromium.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--no-sandbox",
-      "--enable-unsafe-webgpu",
-      "--enable-unsafe-swiftshader",
-      "--use-angle=swiftshader",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
-  });
 
 // Debian's Firefox ESR through WebDriver BiDi (playwright's `moz-firefox` channel; its own
 // patched Firefox is not needed), with WebGPU turned on; its WebGPU runs on Vulkan (Mesa's

@@ -1,0 +1,27 @@
+// The one Chromium launch of the page's scripts (webgpu.mjs, bench.mjs, trace-open.mjs).
+//
+// Chromium's WebGPU without a GPU: headless mode (Chromium 132 on has only the new one, which
+// playwright's `headless` asks for; a "headful" launch with --headless=new gives blank
+// screenshots) and the unsafe-WebGPU switch give an adapter on SwiftShader (no system Vulkan is
+// needed; VK_DRIVER_FILES is left alone). The page itself draws with WebGL on ANGLE's
+// SwiftShader: without `--use-angle=swiftshader` headless Chromium composites in software and
+// reads every WebGL frame back on the page's main thread (GLES2::ReadPixels in the commit,
+// 0.5-0.8 s per frame of a trace here), which is the browser's setup, not the page's cost.
+import { chromium } from "playwright-core";
+
+export const launchChromium = () =>
+  chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--enable-unsafe-webgpu",
+      "--enable-unsafe-swiftshader",
+      "--use-angle=swiftshader",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
