@@ -400,18 +400,7 @@ impl FreeIndex {
                 self.idle -= usize::from(self.streams[i].filed == 0);
                 i
             }
-            None => {
-                let at = self.streams.partition_point(|s| s.stream < block.stream);
-                let classes = match self.spare.pop() {
-                    Some(mut spare) => {
-                        spare.stream = block.stream;
-                        spare
-                    }
-                    None => StreamClasses::new(block.stream),
-                };
-                self.streams.insert(at, classes);
-                at
-            }
+            None => self.new_entry(block.stream),
         };
         let classes = &mut self.streams[index];
         let class = size_class(block.key.0);
@@ -419,6 +408,23 @@ impl FreeIndex {
         classes.mark_filled(class);
         classes.filed += 1;
         self.listed += 1;
+    }
+
+    /// Makes an entry for `stream`, which has none, and returns its index. Out of line and
+    /// cold: it is rare, and kept apart it leaves `file`, which runs at most frees, short.
+    #[cold]
+    #[inline(never)]
+    fn new_entry(&mut self, stream: StreamId) -> usize {
+        let at = self.streams.partition_point(|s| s.stream < stream);
+        let classes = match self.spare.pop() {
+            Some(mut spare) => {
+                spare.stream = stream;
+                spare
+            }
+            None => StreamClasses::new(stream),
+        };
+        self.streams.insert(at, classes);
+        at
     }
 
     /// Takes a block out of its class list.
