@@ -393,7 +393,9 @@ impl FreeIndex {
         }
     }
 
-    /// Puts a block in its class list.
+    /// Puts a block in its class list. Always inlined, into the allocator's `insert_free`
+    /// (which is not): a call here cost as much again as the filing's own work.
+    #[inline(always)]
     fn file(&mut self, block: Recent) {
         let index = match self.streams.iter().position(|s| s.stream == block.stream) {
             Some(i) => {
@@ -427,7 +429,8 @@ impl FreeIndex {
         at
     }
 
-    /// Takes a block out of its class list.
+    /// Takes a block out of its class list. Always inlined, as `file`.
+    #[inline(always)]
     fn unfile(&mut self, blocks: &Blocks, id: u32) {
         let b = &blocks[id];
         let Some(index) = self.streams.iter().position(|s| s.stream == b.stream) else {
