@@ -39,6 +39,23 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Steps that leave holes in expandable segments: large blocks on one stream, freed, their pages
+/// unmapped by `empty_cache` while their neighbours stay, so that a later request grows a free
+/// block over several unmapped ones (pages mapped in more than one piece).
+fn hole_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (16u64 << 20..30 << 20).prop_map(|size| Op::Malloc { size, stream: 0 }),
+        // Larger than a hole and the free block beside it.
+        1 => (60u64 << 20..200 << 20).prop_map(|size| Op::Malloc { size, stream: 0 }),
+        3 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(pick, deferred)| Op::Free { pick, deferred }),
+        1 => Just(Op::FinishSideStream),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+/// The configurations of [`CONFIGS`] with expandable segments.
+const EXPANDABLE: [usize; 2] = [4, 5];
+
 /// Settings, memory fraction and device size of the configurations checked.
 const CONFIGS: [(&str, Option<f64>, u64); 8] = [
     ("", None, 512 * MIB),
@@ -51,7 +68,37 @@ const CONFIGS: [(&str, Option<f64>, u64); 8] = [
     ("policy:cachalot,garbage_collection_threshold:0.5", Some(0.7), 1024 * MIB),
 ];
 
-fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+/// How often a workload reached the shapes the plan once left to a trial, and how often the
+/// plan answered there (and was then checked against the malloc).
+#[derive(Clone, Copy, Debug, Default)]
+struct Reached {
+    /// A malloc whose full release (it synchronizes) found cross-stream frees outstanding.
+    pending_full_release: usize,
+    /// ... where `releases_of_malloc` answered.
+    pending_full_release_planned: usize,
+    /// A malloc that ran out of memory with cross-stream frees outstanding.
+    pending_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    pending_oom_planned: usize,
+    /// A malloc that mapped expandable pages in more than one piece.
+    pieces: usize,
+    /// ... where `releases_of_malloc` answered.
+    pieces_planned: usize,
+}
+
+impl std::ops::AddAssign for Reached {
+    fn add_assign(&mut self, other: Self) {
+        self.pending_full_release += other.pending_full_release;
+        self.pending_full_release_planned += other.pending_full_release_planned;
+        self.pending_oom += other.pending_oom;
+        self.pending_oom_planned += other.pending_oom_planned;
+        self.pieces += other.pieces;
+        self.pieces_planned += other.pieces_planned;
+    }
+}
+
+fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
+    let mut reached = Reached::default();
     let (settings, fraction, total) = CONFIGS[config];
     let mut allocator =
         CachingAllocator::new(SimBackend::new(total), AllocatorConfig::parse(settings).unwrap()).unwrap();
@@ -68,12 +115,29 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
                 let free = total - allocator.backend().used();
                 let releases = allocator.releases_of_malloc(size, stream, free);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
-                let (released_before, reserved_before) =
-                    (allocator.stats().num_device_free, allocator.backend().reservations_made());
+                let stats = allocator.stats();
+                // Blocks freed but waiting for events are active without being allocated.
+                let pending = stats.active.all().current > stats.allocation.all().current;
+                let (released_before, reserved_before, synced_before, mapped_before) = (
+                    stats.num_device_free,
+                    allocator.backend().reservations_made(),
+                    stats.num_sync_all_streams,
+                    stats.num_device_alloc,
+                );
                 let result = allocator.malloc(size, stream);
+                // Pages mapped in two pieces or more (in one device allocation, or in those of
+                // the retry chain).
+                if allocator.stats().num_device_alloc >= mapped_before + 2 && settings.contains("expandable") {
+                    reached.pieces += 1;
+                    reached.pieces_planned += usize::from(releases.is_some());
+                }
                 let released = allocator.stats().num_device_free - released_before;
                 if let Some(planned) = releases {
                     prop_assert_eq!(planned, released, "{}: op {} ({:?}) released", settings, n, op);
+                }
+                if pending && allocator.stats().num_sync_all_streams > synced_before {
+                    reached.pending_full_release += 1;
+                    reached.pending_full_release_planned += usize::from(releases.is_some());
                 }
                 match result {
                     Ok(allocation) => live.push(allocation),
@@ -81,6 +145,10 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
                         let made = allocator.backend().reservations_made() - reserved_before;
                         if let Some(planned) = reservations {
                             prop_assert_eq!(planned, made, "{}: op {} ({:?}) reserved", settings, n, op);
+                        }
+                        if pending {
+                            reached.pending_oom += 1;
+                            reached.pending_oom_planned += usize::from(reservations.is_some());
                         }
                     }
                     Err(other) => return Err(TestCaseError::fail(format!("{settings}: op {n}: {other}"))),
@@ -100,7 +168,7 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::EmptyCache => allocator.empty_cache().unwrap(),
         }
     }
-    Ok(())
+    Ok(reached)
 }
 
 proptest! {
@@ -113,6 +181,39 @@ proptest! {
     ) {
         check(config, &ops)?;
     }
+
+    #[test]
+    fn the_planned_releases_are_the_mallocs_among_holes_in_pages(
+        config in prop::sample::select(&EXPANDABLE[..]),
+        ops in prop::collection::vec(hole_op(), 1..200),
+    ) {
+        check(config, &ops)?;
+    }
+}
+
+/// The random workloads reach the shapes the plan once declined, and the plan answers there, so
+/// the property above compares it with the malloc in them (a change of the workloads that no
+/// longer reaches one fails here).
+#[test]
+fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut reached = Reached::default();
+    for _ in 0..300 {
+        let (config, ops) =
+            (0..CONFIGS.len(), prop::collection::vec(op(), 1..120)).new_tree(&mut runner).unwrap().current();
+        reached += check(config, &ops).unwrap();
+        let (config, ops) = (prop::sample::select(&EXPANDABLE[..]), prop::collection::vec(hole_op(), 1..200))
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        reached += check(config, &ops).unwrap();
+    }
+    println!("{reached:?}");
+    assert!(reached.pending_full_release_planned > 0, "{reached:?}");
+    assert!(reached.pending_oom_planned > 0, "{reached:?}");
+    assert!(reached.pieces_planned > 0, "{reached:?}");
 }
 
 /// The plan answers for the shapes it was made for, rather than leaving them to a trial.

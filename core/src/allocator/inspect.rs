@@ -400,10 +400,12 @@ impl<B: Backend> CachingAllocator<B> {
     /// explain (`cachalot replay`), where trying the malloc on a copy cost a copy of every live
     /// block. Cross-stream frees still outstanding are taken as not yet completed (call
     /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
-    /// the full release leave them pending. `None` where the state does not tell without
-    /// trying: the full release (which waits for them) reached while some are outstanding,
-    /// private pools, allocations routed to a pool, expandable pages that the request would
-    /// map in more than one piece, or a `policy:cachalot` miss after which the device might
+    /// the full release leave them pending, and the full release completes them before it
+    /// releases, so their blocks count with the free blocks they then join. `None` where the
+    /// state does not tell without trying: private pools, allocations routed to a pool, a
+    /// first device allocation that would map some of the expandable pages it needs (in more
+    /// than one piece) before the device refuses the rest, or a `policy:cachalot` miss after
+    /// which the device might
     /// still refuse (its return of cached memory before a new peak is planned, with the walk the
     /// malloc itself takes, only where the miss then surely fits).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
@@ -411,9 +413,7 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream, true)?;
-        // The full release completes outstanding frees first, which may free more.
-        let pending = self.events.values().any(|q| !q.is_empty());
+        let request = self.plannable_request(size, stream)?;
         if self.plan_hit(&request) {
             return Some(0);
         }
@@ -428,19 +428,28 @@ impl<B: Backend> CachingAllocator<B> {
             return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
         }
         // The first device allocation served: the common answer, found without counting what
-        // the cache could give back (every free block of both pools).
-        let fits = self.plan_fits(&request, &plan, device_free);
-        if fits == Some(true) {
-            return Some(plan.releases);
+        // the cache could give back (every free block of both pools). Pages mapped by a failing
+        // one would be free pages the full release counts: not planned.
+        match self.plan_fits(&request, &plan, device_free) {
+            Fit::Yes => return Some(plan.releases),
+            Fit::Partly => return None,
+            Fit::No => {}
         }
+        // The full release, if reached, releases all the cache can give back once the
+        // outstanding frees have completed, those the steps before took included (whole
+        // segments, which no completed free joins).
         let (releasable, _) = self.releasable();
-        if (plan.releases == releasable && !pending) || fits? {
+        if plan.releases == releasable {
             return Some(plan.releases);
         }
-        if self.plan_oversize_release(&request, &mut plan) && self.plan_fits(&request, &plan, device_free)? {
-            return Some(plan.releases);
+        if self.plan_oversize_release(&request, &mut plan) {
+            match self.plan_fits(&request, &plan, device_free) {
+                Fit::Yes => return Some(plan.releases),
+                Fit::Partly => return None,
+                Fit::No => {}
+            }
         }
-        (!pending).then_some(releasable)
+        Some(releasable)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
@@ -453,7 +462,7 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream, false)?;
+        let request = self.plannable_request(size, stream)?;
         if !request.expandable || self.plan_hit(&request) {
             return Some(0);
         }
@@ -490,9 +499,9 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Whether the VA reservation holding `address`, if any, outlives the full release of a
-    /// failing malloc's retry chain (with no cross-stream frees outstanding): it does unless
-    /// every block in it is free and some page of it mapped, when unmapping its pages leaves
-    /// nothing mapped and it is released.
+    /// failing malloc's retry chain: it does unless every block in it is free once the
+    /// outstanding cross-stream frees have completed (which the release does first) and some
+    /// page of it mapped, when unmapping its pages leaves nothing mapped and it is released.
     pub fn reservation_outlives_release(&self, address: u64) -> bool {
         let Some((_, segment)) =
             self.segments.iter().find(|(_, s)| s.page_size.is_some() && s.base <= address && address - s.base < s.size)
@@ -502,7 +511,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut b = segment.head;
         let mut mapped = false;
         while b != NIL {
-            if !self.blocks.is_allocatable(b) {
+            if self.blocks[b].allocated {
                 return true;
             }
             mapped |= self.blocks[b].mapped;
@@ -512,11 +521,9 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The request a malloc would make, where the state can tell what it does: no allocations
-    /// routed to a pool, no private pools, and no cross-stream frees outstanding unless
-    /// `pending_allowed`.
-    fn plannable_request(&self, size: u64, stream: StreamId, pending_allowed: bool) -> Option<super::malloc::Request> {
-        let pending = self.events.values().any(|q| !q.is_empty());
-        if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
+    /// routed to a pool, and no private pools.
+    fn plannable_request(&self, size: u64, stream: StreamId) -> Option<super::malloc::Request> {
+        if !self.routing.is_empty() || self.private.len() != 0 {
             return None;
         }
         Some(self.request(size, stream))
@@ -555,33 +562,73 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now (with no
-    /// cross-stream frees outstanding and no private pools): every free whole segment and every
-    /// free expandable block holding a whole page, of both default pools.
-    /// Also the device bytes they hold.
+    /// private pools): every free whole segment and every free expandable block holding a whole
+    /// page, of both default pools. Also the device bytes they hold. Cross-stream frees still
+    /// outstanding count as completed, as `release_cached_blocks` completes them before it
+    /// releases (`synchronize_and_free_events`): each such block merges with the free blocks
+    /// beside it, and the run they make is what is released.
     fn releasable(&self) -> (u64, u64) {
+        let mut candidates: Vec<u32> = [&self.large, &self.small].iter().flat_map(|pool| pool.free.to_vec()).collect();
+        let pending = self.frees_pending();
+        if pending {
+            // A block waiting for several events is listed once per event.
+            candidates.extend(self.pending_blocks(NIL));
+            candidates.sort_unstable();
+            candidates.dedup();
+        }
         let (mut count, mut bytes) = (0, 0);
-        for pool in [&self.large, &self.small] {
-            for id in pool.free.to_vec() {
-                let b = &self.blocks[id];
-                let released = if b.expandable {
-                    let (base, page) = self.segment_pages(b.segment);
-                    let (begin, end) = ((b.ptr - base).div_ceil(page), (b.ptr + b.size - base) / page);
-                    end.saturating_sub(begin) * page
-                } else if b.is_split() {
-                    0
-                } else {
-                    b.size
-                };
-                count += u64::from(released > 0);
-                bytes += released;
+        for id in candidates {
+            let b = &self.blocks[id];
+            // Without pending frees every free block is already all of its run.
+            if pending && b.prev != NIL && self.merges_after_sync(b.prev) {
+                continue; // within a run counted from its first block
             }
+            let (mut end, mut next) = (b.ptr + b.size, b.next);
+            while pending && next != NIL && self.merges_after_sync(next) {
+                end += self.blocks[next].size;
+                next = self.blocks[next].next;
+            }
+            let released = if b.expandable {
+                let (base, page) = self.segment_pages(b.segment);
+                let (begin, end) = ((b.ptr - base).div_ceil(page), (end - base) / page);
+                end.saturating_sub(begin) * page
+            } else if b.prev != NIL || next != NIL {
+                0
+            } else {
+                end - b.ptr
+            };
+            count += u64::from(released > 0);
+            bytes += released;
         }
         (count, bytes)
     }
 
+    /// Whether a cross-stream free is still outstanding: its block waits for events.
+    fn frees_pending(&self) -> bool {
+        self.events.values().any(|q| !q.is_empty())
+    }
+
+    /// The blocks of pool `slot` whose free waits for events (once per event), which the full
+    /// release's synchronization completes.
+    fn pending_blocks(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
+        self.events
+            .values()
+            .flatten()
+            .map(|&(_, id)| id)
+            .filter(move |&id| self.segments[self.blocks[id].segment].private == slot)
+    }
+
+    /// Whether block `id` is a free mapped block once outstanding frees have completed: free
+    /// now, or freed and waiting only for events. Such neighbours are merged by then.
+    fn merges_after_sync(&self, id: u32) -> bool {
+        let b = &self.blocks[id];
+        !b.allocated && b.mapped
+    }
+
     /// Whether a segment of the request's stream and pool would have room for it once the full
-    /// release has unmapped every free page: a run of free and unmapped blocks holding a whole
-    /// page and the request's bytes, in a reservation the release keeps.
+    /// release has completed the outstanding frees and unmapped every free page: a run of free
+    /// and unmapped blocks holding an unmapped page and the request's bytes, in a reservation
+    /// the release keeps.
     fn room_after_release(&self, request: &super::malloc::Request) -> bool {
         let (stream, size) = (request.stream, request.size);
         let pool = self.pool(request.slot, request.pool);
@@ -598,28 +645,41 @@ impl<B: Backend> CachingAllocator<B> {
             }
             cursor = pool.free.successor(&self.blocks, id);
         }
+        seeds.extend(self.pending_blocks(request.slot).filter(|&id| {
+            let b = &self.blocks[id];
+            b.expandable && b.stream == stream && b.pool == request.pool
+        }));
+        // Free once the outstanding frees have completed.
+        let free = |id: u32| !self.blocks[id].allocated;
         let mut seen = std::collections::HashSet::new();
         for seed in seeds {
             let mut start = seed;
-            while self.blocks[start].prev != NIL && self.blocks.is_allocatable(self.blocks[start].prev) {
+            while self.blocks[start].prev != NIL && free(self.blocks[start].prev) {
                 start = self.blocks[start].prev;
             }
             if !seen.insert(start) {
                 continue;
             }
+            let (base, page) = self.segment_pages(self.blocks[start].segment);
+            let holds_page = |(begin, end): (u64, u64)| (begin - base).div_ceil(page) < (end - base) / page;
+            // Whether an unmapped page is left after the release: an unmapped block, or a whole
+            // page within a run of mapped blocks (merged by then, and unmapped).
             let (mut b, mut bytes, mut whole_page, mut mapped) = (start, 0u64, false, false);
-            while b != NIL && self.blocks.is_allocatable(b) {
+            let mut piece: Option<(u64, u64)> = None;
+            while b != NIL && free(b) {
                 let block = &self.blocks[b];
                 bytes += block.size;
                 if block.mapped {
                     mapped = true;
-                    let (base, page) = self.segment_pages(block.segment);
-                    whole_page |= (block.ptr - base).div_ceil(page) < (block.ptr + block.size - base) / page;
+                    let end = block.ptr + block.size;
+                    piece = Some(piece.map_or((block.ptr, end), |(begin, _)| (begin, end)));
                 } else {
                     whole_page = true;
+                    piece = None;
                 }
                 b = block.next;
             }
+            whole_page |= piece.is_some_and(holds_page);
             // A run reaching both ends of its segment is all of it: released if mapped.
             let kept = self.blocks[start].prev != NIL || b != NIL || !mapped;
             if kept && whole_page && bytes >= size {
@@ -711,18 +771,28 @@ impl<B: Backend> CachingAllocator<B> {
         released >= key_size
     }
 
-    /// Whether `alloc_block` would succeed after the planned releases: the fraction's
-    /// allowance, then the device's room for a new segment or for the pages to map. `None`
-    /// where expandable pages would be mapped in more than one piece.
-    fn plan_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> Option<bool> {
+    /// What `alloc_block` would do after the planned releases: the fraction's allowance, then
+    /// the device's room for a new segment or for the pages to map.
+    fn plan_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> Fit {
         let total = self.total_allocated_memory - plan.bytes;
         if let Some(allowed) = self.allowed_memory_maximum
             && total.saturating_add(request.alloc_size) > allowed
         {
-            return Some(false);
+            return Fit::No;
         }
-        let needed = if request.expandable { self.pages_to_map(request)? } else { request.alloc_size };
-        Some(needed <= device_free.saturating_add(plan.bytes))
+        let room = device_free.saturating_add(plan.bytes);
+        if !request.expandable {
+            return if request.alloc_size <= room { Fit::Yes } else { Fit::No };
+        }
+        // The device is asked for each piece in turn, each taking room from the next.
+        let (total, first) = self.pages_to_map(request);
+        if total <= room {
+            Fit::Yes
+        } else if first > room {
+            Fit::No
+        } else {
+            Fit::Partly
+        }
     }
 
     /// Whether `alloc_block` succeeds after the planned releases whatever it maps: the
@@ -733,35 +803,56 @@ impl<B: Backend> CachingAllocator<B> {
             && request.alloc_size <= device_free.saturating_add(plan.bytes)
     }
 
-    /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state;
-    /// `None` where it would map more than one piece.
-    fn pages_to_map(&self, request: &super::malloc::Request) -> Option<u64> {
+    /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state,
+    /// in all and in its first piece: the pages it maps are one piece per unmapped block of
+    /// the run `find_expandable_block` chooses, until the free block grown from there holds the
+    /// request.
+    fn pages_to_map(&self, request: &super::malloc::Request) -> (u64, u64) {
         let size = request.size;
         let Some(start) = self.expandable_room(request) else {
-            // A new reservation, whose first pages are mapped.
-            let page = self.expandable_page_size(request.pool);
-            return (size <= self.reservation_size(request.pool)).then(|| size.div_ceil(page) * page);
+            // A new reservation, whose first pages are mapped: all of it where it is smaller
+            // than the request, which no later piece can then complete.
+            let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
+            return match size <= reserved {
+                true => (size.div_ceil(page) * page, size.div_ceil(page) * page),
+                false => (u64::MAX, reserved),
+            };
         };
-        // One piece: the candidate itself when unmapped, else the unmapped block after it.
-        let (mapped_before, piece) = match self.blocks[start].mapped {
+        // The free block grown so far, and the unmapped block after it: the candidate itself
+        // when unmapped, else the one after it (the run alternates free and unmapped blocks).
+        let (mut have, mut cursor) = match self.blocks[start].mapped {
             false => (0, start),
             true => (self.blocks[start].size, self.blocks[start].next),
         };
-        if mapped_before >= size {
-            return Some(0);
+        let (mut total, mut first) = (0, None);
+        while have < size {
+            let b = &self.blocks[cursor];
+            debug_assert!(!b.mapped && self.blocks.is_allocatable(cursor), "the run offers the request's bytes");
+            let to_map = (size - have).min(b.size);
+            let (base, page) = self.segment_pages(b.segment);
+            let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
+            total += mapped;
+            first.get_or_insert(mapped);
+            have += mapped;
+            // Wholly mapped, the piece joins the free block after it.
+            cursor = b.next;
+            if mapped == b.size && cursor != NIL && self.blocks[cursor].mapped && self.blocks.is_allocatable(cursor) {
+                have += self.blocks[cursor].size;
+                cursor = self.blocks[cursor].next;
+            }
         }
-        let b = &self.blocks[piece];
-        let to_map = (size - mapped_before).min(b.size);
-        let (base, page) = self.segment_pages(b.segment);
-        let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
-        // After the mapping, the piece joins the free block before it and, if wholly mapped,
-        // the free block after it.
-        let after =
-            if mapped == b.size && b.next != NIL && self.blocks[b.next].mapped && self.blocks.is_allocatable(b.next) {
-                self.blocks[b.next].size
-            } else {
-                0
-            };
-        (mapped_before + mapped + after >= size).then_some(mapped)
+        (total, first.unwrap_or(0))
     }
+}
+
+/// What the first device allocation of a malloc would do ([`CachingAllocator::releases_of_malloc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fit {
+    /// It succeeds.
+    Yes,
+    /// It fails having taken nothing from the device.
+    No,
+    /// It fails after mapping some of the pages it needs: they stay mapped, free, and change
+    /// what the steps after it find.
+    Partly,
 }
