@@ -24,15 +24,30 @@ enum Cycle {
     /// On the next of two streams, a request for the whole device, which fails, then 24 MiB,
     /// freed.
     Oom,
+    /// 512 bytes kept, then on a new stream a request for the whole device, which fails
+    /// (reserving address space for the stream, where the cache holds nothing to release), then
+    /// 24 MiB kept.
+    OomNewStream,
+}
+
+/// Frees left outstanding on a side stream whose work never ends by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    /// None.
+    No,
+    /// One small block, freed before the cycles: its free stays outstanding until a release
+    /// synchronizes.
+    Once,
+    /// One small block freed so at the start of every cycle: each cycle's release finds one.
+    EveryCycle,
 }
 
 /// Records `cycles` cycles after making `live` small blocks that stay, and replays the trace.
 fn replay_shape(settings: &str, fraction: Option<f64>, device: u64, live: u64, cycle: Cycle, cycles: u64) -> usize {
-    replay_shape_pending(settings, fraction, device, live, cycle, cycles, false)
+    replay_shape_pending(settings, fraction, device, live, cycle, cycles, Pending::No)
 }
 
-/// [`replay_shape`], with one more small block first freed after use on a side stream whose
-/// work never ends, if `pending`: its free stays outstanding for the whole trace.
+/// [`replay_shape`], with frees left outstanding as `pending` says.
 fn replay_shape_pending(
     settings: &str,
     fraction: Option<f64>,
@@ -40,7 +55,7 @@ fn replay_shape_pending(
     live: u64,
     cycle: Cycle,
     cycles: u64,
-    pending: bool,
+    pending: Pending,
 ) -> usize {
     let config = AllocatorConfig::parse(settings).unwrap();
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone()).unwrap();
@@ -50,14 +65,21 @@ fn replay_shape_pending(
     allocator.record_history(true, usize::MAX, &[], false);
     let stream = |n: u64| StreamId(0x1000 + n * 0x10);
     let kept: Vec<_> = (0..live).map(|_| allocator.malloc(512, stream(0)).unwrap()).collect();
-    if pending {
+    let free_pending = |allocator: &mut CachingAllocator<SimBackend>| {
         let side = StreamId(0x900);
         let used = allocator.malloc(512, stream(0)).unwrap();
         allocator.backend_mut().hold_stream(side);
         allocator.record_stream(&used, side).unwrap();
         allocator.free(used).unwrap();
+    };
+    if pending == Pending::Once {
+        free_pending(&mut allocator);
     }
+    let mut kept_too = Vec::new();
     for n in 0..cycles {
+        if pending == Pending::EveryCycle {
+            free_pending(&mut allocator);
+        }
         match cycle {
             Cycle::Churn => {
                 let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
@@ -75,11 +97,25 @@ fn replay_shape_pending(
                 let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
                 allocator.free(tensor).unwrap();
             }
+            Cycle::OomNewStream => {
+                // An allocation between the free and the failure shows the free deferred.
+                kept_too.push(allocator.malloc(512, stream(0)).unwrap());
+                let failed = allocator.malloc(device, stream(n + 1));
+                assert!(matches!(failed, Err(AllocatorError::OutOfMemory(_))));
+                kept_too.push(allocator.malloc(24 * MIB, stream(n + 1)).unwrap());
+            }
         }
     }
     assert_eq!(kept.len() as u64, live);
     let released = allocator.stats().num_device_free;
-    assert!(released >= cycles / 2, "{settings}: the shape must release at (nearly) every cycle, released {released}");
+    if matches!(cycle, Cycle::OomNewStream) {
+        assert_eq!(allocator.stats().num_ooms, cycles, "{settings}: the shape fails at every cycle");
+    } else {
+        assert!(
+            released >= cycles / 2,
+            "{settings}: the shape must release at (nearly) every cycle, released {released}"
+        );
+    }
     let snapshot = torch::from_allocator(&allocator, None);
     let options = ReplayOptions {
         config,
@@ -106,8 +142,33 @@ fn garbage_collection_at_every_malloc_copies_nothing() {
 #[test]
 fn a_free_left_pending_on_another_stream_copies_nothing() {
     let fraction = Some((64 * MIB) as f64 / (80u64 << 30) as f64);
-    let copies =
-        replay_shape_pending("garbage_collection_threshold:0.3", fraction, 80 << 30, 300, Cycle::Churn, 60, true);
+    let copies = replay_shape_pending(
+        "garbage_collection_threshold:0.3",
+        fraction,
+        80 << 30,
+        300,
+        Cycle::Churn,
+        60,
+        Pending::Once,
+    );
+    assert_eq!(copies, 0);
+}
+
+/// The failure's synchronization completes a free whose completion the trace shows right before
+/// the `oom` entry (the cache holds nothing to release, so no release run comes between): the
+/// replay completes it, as the malloc's first step would, before asking what the failure
+/// reserves.
+#[test]
+fn out_of_memory_errors_right_after_a_completed_free_copy_nothing() {
+    let copies = replay_shape_pending(
+        "expandable_segments:True",
+        None,
+        4 << 30,
+        300,
+        Cycle::OomNewStream,
+        40,
+        Pending::EveryCycle,
+    );
     assert_eq!(copies, 0);
 }
 
