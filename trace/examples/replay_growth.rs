@@ -3,12 +3,14 @@
 //! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
 //! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
 //! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
-//! the cache itself. The last four also keep as many small blocks live as they have cycles, so
+//! the cache itself. The last five also keep as many small blocks live as they have cycles, so
 //! that a replay that copied the live state at every release it had to explain would pay for
 //! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
 //! chain releases a cached segment at every malloc (the oversize release, then the full one);
 //! an out-of-memory error at every cycle with expandable segments; and `policy:cachalot` with
-//! pages, whose misses return the cache before each new peak. Each shape runs for `CYCLES`,
+//! pages, whose misses return the cache before each new peak; and an out-of-memory error right
+//! after a deferred free's completion, which the failure's synchronization made (the replay
+//! completes that free before asking what the failure reserves). Each shape runs for `CYCLES`,
 //! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
 //! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
 //! first size's. Linear growth is 1, 2, 4; quadratic 1, 4, 16. `SHAPES` (e.g. `5,6,7,8`) picks
@@ -43,6 +45,12 @@ enum Cycle {
     /// stream), then 24 MiB, freed (mapped in that reservation). The next failure's full
     /// release unmaps those pages and releases the reservation.
     Oom,
+    /// A small block freed after use on a side stream still busy, 512 bytes kept (so the
+    /// trace shows the free deferred), then on a new stream a request for the whole device,
+    /// which fails: its full release completes the free and finds nothing to release, so the
+    /// completion comes right before the `oom` entry. Then 20 MiB on that stream, kept (a page
+    /// mapped in the reservation the failure made).
+    OomAfterDeferredFree,
 }
 
 /// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
@@ -56,7 +64,7 @@ struct Shape {
     cycle: Cycle,
 }
 
-const SHAPES: [Shape; 8] = [
+const SHAPES: [Shape; 9] = [
     Shape {
         name: "memory fraction 0.5",
         settings: "",
@@ -126,6 +134,15 @@ const SHAPES: [Shape; 8] = [
         keeps_live: true,
         cycle: Cycle::Churn { empty_cache: false },
     },
+    Shape {
+        name: "live blocks; expandable segments, an OOM right after a deferred free",
+        settings: "expandable_segments:True",
+        fraction: None,
+        // Grown by a 20 MiB page per cycle (below).
+        device: 1 << 30,
+        keeps_live: true,
+        cycle: Cycle::OomAfterDeferredFree,
+    },
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -180,6 +197,8 @@ fn record(
     let device = match shape.cycle {
         // The device holds the live blocks' 2 MiB segments besides.
         Cycle::Oversize => shape.device + live_segments,
+        // Each cycle keeps a 20 MiB page mapped.
+        Cycle::OomAfterDeferredFree => shape.device + cycles * 20 * MIB,
         _ => shape.device,
     };
     // The collector's shape allows 64 MiB beside the live blocks' segments.
@@ -220,6 +239,22 @@ fn record(
                 }
                 let tensor = allocator.malloc(TENSOR, stream(cycle % streams))?;
                 allocator.free(tensor)?;
+            }
+            Cycle::OomAfterDeferredFree => {
+                let side = StreamId(0x900);
+                let used = allocator.malloc(512, stream(0))?;
+                allocator.backend_mut().hold_stream(side);
+                allocator.record_stream(&used, side)?;
+                allocator.free(used)?;
+                kept.push(allocator.malloc(512, stream(0))?);
+                let new_stream = stream(streams + 1 + cycle);
+                match allocator.malloc(device, new_stream) {
+                    Err(AllocatorError::OutOfMemory(_)) => {}
+                    other => return Err(format!("expected an out-of-memory error, got {other:?}").into()),
+                }
+                // One whole page, so that no free block is left per cycle (each would add to
+                // the walk of the failure's own full release).
+                kept.push(allocator.malloc(20 * MIB, new_stream)?);
             }
         }
     }
