@@ -8,20 +8,54 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 
 /// One step of a workload: a malloc of `size` on stream `stream % 3`, a free of the live
 /// allocation `pick % live` (after its use on a busy side stream, with `deferred`, so that the
-/// free waits for it), the side stream's work finishing, or `empty_cache`.
+/// free waits for it), the side stream's work finishing, `empty_cache`, a call on one of two
+/// private pools, or expandable segments switched on or off at run time.
 #[derive(Clone, Debug)]
 enum Op {
     Malloc { size: u64, stream: u64 },
     Free { pick: usize, deferred: bool },
     FinishSideStream,
     EmptyCache,
+    Pool { pool: u64, call: PoolCall },
+    SetExpandable(bool),
+}
+
+/// A private-pool call of [`Op::Pool`] (one that the pool's state refuses changes nothing).
+#[derive(Clone, Copy, Debug)]
+enum PoolCall {
+    /// `MemPool()`.
+    Create,
+    /// `use_mem_pool` entering (every stream) or a capture beginning on stream `0x100 + n`.
+    Route(Option<u64>),
+    /// `use_mem_pool` leaving, or a capture ending.
+    Unroute,
+    /// One user gone.
+    Release,
+    /// `empty_cache` of the pool.
+    EmptyCache,
+}
+
+/// [`op`], with private pools and expandable segments switched at run time.
+fn pool_op() -> impl Strategy<Value = Op> {
+    let call = prop_oneof![
+        Just(PoolCall::Create),
+        prop::option::of(0u64..3).prop_map(PoolCall::Route),
+        Just(PoolCall::Unroute),
+        Just(PoolCall::Release),
+        Just(PoolCall::EmptyCache),
+    ];
+    prop_oneof![
+        8 => op(),
+        2 => (0u64..2, call).prop_map(|(pool, call)| Op::Pool { pool, call }),
+        1 => any::<bool>().prop_map(Op::SetExpandable),
+    ]
 }
 
 /// The stream whose work a deferred free waits for.
@@ -84,6 +118,18 @@ struct Reached {
     pieces: usize,
     /// ... where `releases_of_malloc` answered.
     pieces_planned: usize,
+    /// A malloc that released memory or failed while private pools existed, none routed to.
+    private: usize,
+    /// ... where `releases_of_malloc` answered.
+    private_planned: usize,
+    /// A malloc that released memory or failed while allocations were routed to a pool.
+    routed: usize,
+    /// ... where `releases_of_malloc` answered.
+    routed_planned: usize,
+    /// A malloc that failed while private pools existed, with expandable segments.
+    private_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    private_oom_planned: usize,
 }
 
 impl std::ops::AddAssign for Reached {
@@ -94,6 +140,12 @@ impl std::ops::AddAssign for Reached {
         self.pending_oom_planned += other.pending_oom_planned;
         self.pieces += other.pieces;
         self.pieces_planned += other.pieces_planned;
+        self.private += other.private;
+        self.private_planned += other.private_planned;
+        self.routed += other.routed;
+        self.routed_planned += other.routed_planned;
+        self.private_oom += other.private_oom;
+        self.private_oom_planned += other.private_oom_planned;
     }
 }
 
@@ -110,8 +162,13 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
         match *op {
             Op::Malloc { size, stream } => {
                 let stream = StreamId(0x100 + stream);
-                // As a replay does before asking: the malloc's own first step.
-                allocator.process_events().unwrap();
+                let routed = !allocator.routed_pools().is_empty();
+                let private = !allocator.private_pools().is_empty();
+                // As a replay does before asking: the malloc's own first step (none while
+                // allocations are routed to a pool).
+                if !routed {
+                    allocator.process_events().unwrap();
+                }
                 let free = total - allocator.backend().used();
                 let releases = allocator.releases_of_malloc(size, stream, free);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
@@ -134,6 +191,20 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 let released = allocator.stats().num_device_free - released_before;
                 if let Some(planned) = releases {
                     prop_assert_eq!(planned, released, "{}: op {} ({:?}) released", settings, n, op);
+                }
+                if released > 0 || result.is_err() {
+                    let (count, planned) = match routed {
+                        true => (&mut reached.routed, &mut reached.routed_planned),
+                        false => (&mut reached.private, &mut reached.private_planned),
+                    };
+                    if private {
+                        *count += 1;
+                        *planned += usize::from(releases.is_some());
+                    }
+                }
+                if result.is_err() && private && allocator.config().expandable_segments() {
+                    reached.private_oom += 1;
+                    reached.private_oom_planned += usize::from(reservations.is_some());
                 }
                 if pending && allocator.stats().num_sync_all_streams > synced_before {
                     reached.pending_full_release += 1;
@@ -166,6 +237,25 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
             }
             Op::FinishSideStream => allocator.backend_mut().finish_stream(SIDE),
             Op::EmptyCache => allocator.empty_cache().unwrap(),
+            Op::Pool { pool, call } => {
+                let id = PoolId(0, 1 + pool);
+                // A call the pool's state refuses (already routed, released, unknown) changes
+                // nothing.
+                let _ = match call {
+                    PoolCall::Create => allocator.create_pool(id),
+                    PoolCall::Route(stream) => allocator.begin_allocate_to_pool(
+                        id,
+                        stream.map_or(PoolFilter::AllStreams, |s| PoolFilter::Stream(StreamId(0x100 + s))),
+                    ),
+                    PoolCall::Unroute => allocator.end_allocate_to_pool(id),
+                    PoolCall::Release => allocator.release_pool(id),
+                    PoolCall::EmptyCache => allocator.empty_pool_cache(id),
+                };
+            }
+            Op::SetExpandable(on) => {
+                let settings = format!("{settings},expandable_segments:{}", if on { "True" } else { "False" });
+                allocator.set_config(AllocatorConfig::parse(settings.trim_start_matches(',')).unwrap()).unwrap();
+            }
         }
     }
     Ok(reached)
@@ -178,6 +268,14 @@ proptest! {
     fn the_planned_releases_and_reservations_are_the_mallocs(
         config in 0..CONFIGS.len(),
         ops in prop::collection::vec(op(), 1..120),
+    ) {
+        check(config, &ops)?;
+    }
+
+    #[test]
+    fn the_planned_releases_and_reservations_are_the_mallocs_with_private_pools(
+        config in 0..CONFIGS.len(),
+        ops in prop::collection::vec(pool_op(), 1..160),
     ) {
         check(config, &ops)?;
     }
@@ -209,11 +307,17 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
             .unwrap()
             .current();
         reached += check(config, &ops).unwrap();
+        let (config, ops) =
+            (0..CONFIGS.len(), prop::collection::vec(pool_op(), 1..160)).new_tree(&mut runner).unwrap().current();
+        reached += check(config, &ops).unwrap();
     }
     println!("{reached:?}");
     assert!(reached.pending_full_release_planned > 0, "{reached:?}");
     assert!(reached.pending_oom_planned > 0, "{reached:?}");
     assert!(reached.pieces_planned > 0, "{reached:?}");
+    assert!(reached.private_planned > 0, "{reached:?}");
+    assert!(reached.routed_planned > 0, "{reached:?}");
+    assert!(reached.private_oom_planned > 0, "{reached:?}");
 }
 
 /// The plan answers for the shapes it was made for, rather than leaving them to a trial.
@@ -259,5 +363,45 @@ fn the_plan_answers_policy_cachalot_without_a_trial() {
         trial.malloc(size, StreamId(1)).unwrap();
         assert_eq!(trial.stats().num_device_free - released, releases, "{size}");
         assert_eq!(trial.memory_reserved(), (48 * MIB).max(8 * MIB + size), "{size}");
+    }
+}
+
+/// An oversize release that frees enough to retry, at a failing malloc: expandable segments
+/// switched on at run time meet cached oversize segments from before, which only that release
+/// returns. The retry searches again, where the reservation of the first step (if it made one)
+/// has room; the plan counts that step too, as the malloc makes it.
+#[test]
+fn the_plan_answers_an_oversize_release_that_frees_enough_at_a_failure() {
+    // The first device allocation (102 MiB beside 510) is refused by the device (120 MiB of
+    // pages, 2 MiB free) after it reserved VA, which the retry finds; or, with a fraction of
+    // about 511 MiB, by the fraction before it reserved, and the retry (102 beside 400) reserves.
+    // Routed to a private pool, the chain ends there (no full release), so the retry's own
+    // reservation is the last one made.
+    for (fraction, routed) in [(None, false), (Some(0.999), false), (None, true), (Some(0.999), true)] {
+        let mut allocator =
+            CachingAllocator::new(SimBackend::new(512 * MIB), AllocatorConfig::parse("max_split_size_mb:20").unwrap())
+                .unwrap();
+        if routed {
+            allocator.begin_allocate_to_pool(PoolId(0, 1), PoolFilter::AllStreams).unwrap();
+        }
+        let _kept = allocator.malloc(400 * MIB, StreamId(1)).unwrap();
+        let cached =
+            [allocator.malloc(60 * MIB, StreamId(1)).unwrap(), allocator.malloc(50 * MIB, StreamId(1)).unwrap()];
+        for allocation in cached {
+            allocator.free(allocation).unwrap();
+        }
+        if let Some(fraction) = fraction {
+            allocator.set_memory_fraction(fraction).unwrap();
+        }
+        allocator.set_config(AllocatorConfig::parse("max_split_size_mb:20,expandable_segments:True").unwrap()).unwrap();
+        assert_eq!(allocator.stats().oversize_segments.current, 3);
+        let planned = allocator.reservations_of_failing_malloc(101 * MIB, StreamId(1));
+        let before = allocator.backend().reservations_made();
+        assert!(matches!(allocator.malloc(101 * MIB, StreamId(1)), Err(AllocatorError::OutOfMemory(_))));
+        // Both cached oversize segments went back (60 MiB, then 50 MiB: 110 of the 101 asked).
+        assert_eq!(allocator.stats().oversize_segments.current, 1);
+        let case = format!("fraction {fraction:?}, routed {routed}");
+        assert_eq!(planned, Some(allocator.backend().reservations_made() - before), "{case}");
+        assert_eq!(planned, Some(1), "{case}");
     }
 }

@@ -399,21 +399,24 @@ impl<B: Backend> CachingAllocator<B> {
     /// touch, never the allocated ones, so a replay can ask it at every release it must
     /// explain (`cachalot replay`), where trying the malloc on a copy cost a copy of every live
     /// block. Cross-stream frees still outstanding are taken as not yet completed (call
-    /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
-    /// the full release leave them pending, and the full release completes them before it
-    /// releases, so their blocks count with the free blocks they then join. `None` where the
-    /// state does not tell without trying: private pools, allocations routed to a pool, a
-    /// first device allocation that would map some of the expandable pages it needs (in more
-    /// than one piece) before the device refuses the rest, or a `policy:cachalot` miss after
-    /// which the device might
-    /// still refuse (its return of cached memory before a new peak is planned, with the walk the
-    /// malloc itself takes, only where the miss then surely fits).
+    /// [`CachingAllocator::process_events`] first, as the malloc itself would, unless
+    /// allocations are routed to a pool, when it queries no event): the steps before the full
+    /// release leave them pending, and the full release completes them before it releases, so
+    /// their blocks count with the free blocks they then join. Private pools are planned as the
+    /// malloc takes them: a request routed to one searches, maps and releases oversize blocks
+    /// there, and its chain has no full release; otherwise the full release also empties every
+    /// pool all of whose users released it. `None` where the state does not tell without
+    /// trying: a first device allocation that would map some of the expandable pages it needs
+    /// (in more than one piece) before the device refuses the rest, when the full release
+    /// follows, or a `policy:cachalot` miss after which the device might still refuse (its
+    /// return of cached memory before a new peak is planned, with the walk the malloc itself
+    /// takes, only where the miss then surely fits).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream)?;
+        let request = self.request(size, stream);
         if self.plan_hit(&request) {
             return Some(0);
         }
@@ -428,12 +431,22 @@ impl<B: Backend> CachingAllocator<B> {
             return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
         }
         // The first device allocation served: the common answer, found without counting what
-        // the cache could give back (every free block of both pools). Pages mapped by a failing
-        // one would be free pages the full release counts: not planned.
-        match self.plan_fits(&request, &plan, device_free) {
-            Fit::Yes => return Some(plan.releases),
-            Fit::Partly => return None,
-            Fit::No => {}
+        // the cache could give back (every free block of both pools).
+        let fit = self.plan_fits(&request, &plan, device_free);
+        if fit == Fit::Yes {
+            return Some(plan.releases);
+        }
+        if !self.routing.is_empty() {
+            // No full release while allocations are routed to a pool (it would synchronize,
+            // which a capture must not): the oversize release is the last step that releases,
+            // whatever the device answers after it.
+            self.plan_oversize_release(&request, &mut plan);
+            return Some(plan.releases);
+        }
+        if fit == Fit::Partly {
+            // Pages mapped before the device refused would be free pages the full release
+            // counts: not planned.
+            return None;
         }
         // The full release, if reached, releases all the cache can give back once the
         // outstanding frees have completed, those the steps before took included (whole
@@ -455,14 +468,14 @@ impl<B: Backend> CachingAllocator<B> {
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
     /// would make on its way (each step of the retry chain that finds no segment of the stream
     /// and pool with room for the request reserves one, and keeps it), found without making it.
-    /// `None` where the state does not tell (as for [`CachingAllocator::releases_of_malloc`],
-    /// or where the oversize release would free enough to try again).
+    /// `None` where `policy:cachalot` would give cached memory back first (what it leaves is
+    /// not read off the state).
     pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream)?;
+        let request = self.request(size, stream);
         if !request.expandable || self.plan_hit(&request) {
             return Some(0);
         }
@@ -479,20 +492,32 @@ impl<B: Backend> CachingAllocator<B> {
                 (self.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
             })
         };
+        // Every reservation the chain makes has the same size: it has room for the request in
+        // all, or in none. Pages a failing step maps stay free, in a run it found, so they
+        // change neither which runs have room nor, once the full release has unmapped them
+        // again, the bytes that release leaves reserved.
         let fresh_has_room = size <= self.reservation_size(request.pool);
         let mut made = 0;
-        let mut fresh = false;
         // The first device allocation: a reservation where no segment has room.
         if within_fraction(plan.bytes) && self.expandable_room(&request).is_none() {
             made += 1;
-            fresh = true;
         }
-        if self.plan_oversize_release(&request, &mut plan) {
-            return None;
+        let made_with_room = |made: u64| made > 0 && fresh_has_room;
+        // The retry after an oversize release that freed enough: the same search, where a
+        // reservation the first step made may now have room.
+        if self.plan_oversize_release(&request, &mut plan)
+            && within_fraction(plan.bytes)
+            && !made_with_room(made)
+            && self.expandable_room(&request).is_none()
+        {
+            made += 1;
+        }
+        if !self.routing.is_empty() {
+            return Some(made); // no full release while allocations are routed to a pool
         }
         // The retry after the full release, which unmapped every free page and released every
         // reservation left with nothing mapped (not one that never had a page mapped).
-        if within_fraction(releasable_bytes) && !(fresh && fresh_has_room) && !self.room_after_release(&request) {
+        if within_fraction(releasable_bytes) && !made_with_room(made) && !self.room_after_release(&request) {
             made += 1;
         }
         Some(made)
@@ -502,12 +527,22 @@ impl<B: Backend> CachingAllocator<B> {
     /// failing malloc's retry chain: it does unless every block in it is free once the
     /// outstanding cross-stream frees have completed (which the release does first) and some
     /// page of it mapped, when unmapping its pages leaves nothing mapped and it is released.
+    /// In a private pool every user released, the release drops it once every block is free,
+    /// mapped or not; in one still used, it stays. While allocations are routed to a pool the
+    /// chain has no full release: every reservation outlives it.
     pub fn reservation_outlives_release(&self, address: u64) -> bool {
         let Some((_, segment)) =
             self.segments.iter().find(|(_, s)| s.page_size.is_some() && s.base <= address && address - s.base < s.size)
         else {
             return false;
         };
+        if !self.routing.is_empty() {
+            return true;
+        }
+        let private = segment.private != NIL;
+        if private && self.private[segment.private].use_count > 0 {
+            return true;
+        }
         let mut b = segment.head;
         let mut mapped = false;
         while b != NIL {
@@ -517,16 +552,7 @@ impl<B: Backend> CachingAllocator<B> {
             mapped |= self.blocks[b].mapped;
             b = self.blocks[b].next;
         }
-        !mapped
-    }
-
-    /// The request a malloc would make, where the state can tell what it does: no allocations
-    /// routed to a pool, and no private pools.
-    fn plannable_request(&self, size: u64, stream: StreamId) -> Option<super::malloc::Request> {
-        if !self.routing.is_empty() || self.private.len() != 0 {
-            return None;
-        }
-        Some(self.request(size, stream))
+        !mapped && !private
     }
 
     /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
@@ -561,18 +587,27 @@ impl<B: Backend> CachingAllocator<B> {
         !give_backs.is_empty()
     }
 
-    /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now (with no
-    /// private pools): every free whole segment and every free expandable block holding a whole
-    /// page, of both default pools. Also the device bytes they hold. Cross-stream frees still
+    /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now: every
+    /// free whole segment and every free expandable block holding a whole page, of both default
+    /// pools and of every private pool all of whose users released it (`release_freeable_pools`;
+    /// a pool still used keeps its memory). Also the device bytes they hold. Cross-stream frees still
     /// outstanding count as completed, as `release_cached_blocks` completes them before it
     /// releases (`synchronize_and_free_events`): each such block merges with the free blocks
     /// beside it, and the run they make is what is released.
     fn releasable(&self) -> (u64, u64) {
-        let mut candidates: Vec<u32> = [&self.large, &self.small].iter().flat_map(|pool| pool.free.to_vec()).collect();
         let pending = self.frees_pending();
+        let freeable = self.private.iter().filter(|(_, p)| p.use_count == 0).map(|(slot, _)| slot);
+        let mut candidates = Vec::new();
+        for slot in std::iter::once(NIL).chain(freeable) {
+            for kind in [PoolKind::Large, PoolKind::Small] {
+                candidates.extend(self.pool(slot, kind).free.to_vec());
+            }
+            if pending {
+                candidates.extend(self.pending_blocks(slot));
+            }
+        }
         if pending {
             // A block waiting for several events is listed once per event.
-            candidates.extend(self.pending_blocks(NIL));
             candidates.sort_unstable();
             candidates.dedup();
         }
@@ -699,7 +734,10 @@ impl<B: Backend> CachingAllocator<B> {
             return;
         }
         let target = total - threshold;
-        let clock = self.large.free_blocks_call_count + i64::from(request.pool == PoolKind::Large);
+        // The request's search ticks its own pool's clock: the default large pool's only if
+        // the request is served there.
+        let served_here = request.pool == PoolKind::Large && request.slot == NIL;
+        let clock = self.large.free_blocks_call_count + i64::from(served_here);
         let age = |id: u32| clock - self.blocks.cold(id).gc_count_base;
         let candidates: Vec<u32> = self
             .large
