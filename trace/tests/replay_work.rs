@@ -8,8 +8,12 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
-use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_core::{
+    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
+    TraceEntry,
+};
+use cachalot_trace::pool_calls::PoolCall;
+use cachalot_trace::replay::{CallKind, ProgramCall, ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
 const MIB: u64 = 1 << 20;
@@ -57,6 +61,24 @@ fn replay_shape_pending(
     cycles: u64,
     pending: Pending,
 ) -> usize {
+    replay_shape_with(settings, fraction, device, live, cycle, cycles, pending, false)
+}
+
+/// [`replay_shape_pending`], with a private pool first, if `private_pool`: a `MemPool` that
+/// serves one 2 MiB block (kept) inside `use_mem_pool`, then stays, unused, for the whole trace.
+/// Its calls are replayed where the recording made them (which also tells the replay that the
+/// program's calls are known).
+#[allow(clippy::too_many_arguments, reason = "one flag per variation of the shapes")]
+fn replay_shape_with(
+    settings: &str,
+    fraction: Option<f64>,
+    device: u64,
+    live: u64,
+    cycle: Cycle,
+    cycles: u64,
+    pending: Pending,
+    private_pool: bool,
+) -> usize {
     let config = AllocatorConfig::parse(settings).unwrap();
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone()).unwrap();
     if let Some(fraction) = fraction {
@@ -65,6 +87,20 @@ fn replay_shape_pending(
     allocator.record_history(true, usize::MAX, &[], false);
     let stream = |n: u64| StreamId(0x1000 + n * 0x10);
     let kept: Vec<_> = (0..live).map(|_| allocator.malloc(512, stream(0)).unwrap()).collect();
+    // The pool calls, each with the number of entries recorded before it.
+    let mut calls = Vec::new();
+    let mut pooled = None;
+    if private_pool {
+        let pool = PoolId(0, 1);
+        let at = |allocator: &CachingAllocator<SimBackend>| allocator.trace_len_total() as usize;
+        calls.push((at(&allocator), PoolCall::Create(pool)));
+        allocator.create_pool(pool).unwrap();
+        calls.push((at(&allocator), PoolCall::Begin(pool, None)));
+        allocator.begin_allocate_to_pool(pool, PoolFilter::AllStreams).unwrap();
+        pooled = Some(allocator.malloc(2 * MIB, stream(0)).unwrap());
+        calls.push((at(&allocator), PoolCall::End(pool)));
+        allocator.end_allocate_to_pool(pool).unwrap();
+    }
     let free_pending = |allocator: &mut CachingAllocator<SimBackend>| {
         let side = StreamId(0x900);
         let used = allocator.malloc(512, stream(0)).unwrap();
@@ -116,18 +152,38 @@ fn replay_shape_pending(
             "{settings}: the shape must release at (nearly) every cycle, released {released}"
         );
     }
-    let snapshot = torch::from_allocator(&allocator, None);
+    assert_eq!(pooled.is_some(), private_pool);
+    let mut snapshot = torch::from_allocator(&allocator, None);
+    // Each call follows a `snapshot` entry, as `capture_pools.py` records them.
+    let trace = &mut snapshot.device_traces[0];
+    let mut program_calls = Vec::new();
+    for (n, &(before, call)) in calls.iter().enumerate() {
+        let at = before + n;
+        let time_us = trace[at.min(trace.len() - 1)].time_us;
+        let marker = TraceEntry {
+            action: TraceAction::Snapshot,
+            addr: 0,
+            size: 0,
+            stream: StreamId(0),
+            time_us,
+            context: None,
+            annotation: None,
+        };
+        trace.insert(at, marker);
+        program_calls.push(ProgramCall { call: CallKind::Pool(call), at });
+    }
     let options = ReplayOptions {
         config,
         memory_fraction: fraction,
         device_total: device,
         device: 0,
-        calls: None,
+        calls: private_pool.then_some(program_calls),
         record_calls: false,
     };
     let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
     verify_against_recording(&snapshot, &outcome, None).unwrap_or_else(|e| panic!("{settings}, {cycle:?}: {e}"));
     assert!(outcome.empty_cache_points.is_empty(), "{settings}: every release is a malloc's");
+    assert_eq!(outcome.allocator.private_pools().len(), usize::from(private_pool));
     outcome.trial_copies
 }
 
@@ -197,4 +253,13 @@ fn out_of_memory_errors_with_expandable_segments_copy_nothing() {
 #[test]
 fn policy_cachalot_with_pages_copies_nothing() {
     assert_eq!(replay_shape("policy:cachalot,expandable_segments:True", None, 80 << 30, 300, Cycle::Churn, 60), 0);
+}
+
+/// Out-of-memory errors with expandable segments while a private pool exists (not routed to):
+/// the failure's full release also empties the pools every user released (none here), and the
+/// reservations it makes are read off the state as for the default pools alone.
+#[test]
+fn out_of_memory_errors_beside_a_private_pool_copy_nothing() {
+    let copies = replay_shape_with("expandable_segments:True", None, 1 << 30, 300, Cycle::Oom, 40, Pending::No, true);
+    assert_eq!(copies, 0);
 }
