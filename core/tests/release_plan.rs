@@ -8,7 +8,9 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId};
+use cachalot_core::{
+    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
+};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -118,6 +120,11 @@ struct Reached {
     pieces: usize,
     /// ... where `releases_of_malloc` answered.
     pieces_planned: usize,
+    /// A malloc whose device allocation mapped pages before the device refused the rest, and
+    /// whose full release then ran.
+    partly: usize,
+    /// ... where `releases_of_malloc` answered.
+    partly_planned: usize,
     /// A malloc that released memory or failed while private pools existed, none routed to.
     private: usize,
     /// ... where `releases_of_malloc` answered.
@@ -140,6 +147,8 @@ impl std::ops::AddAssign for Reached {
         self.pending_oom_planned += other.pending_oom_planned;
         self.pieces += other.pieces;
         self.pieces_planned += other.pieces_planned;
+        self.partly += other.partly;
+        self.partly_planned += other.partly_planned;
         self.private += other.private;
         self.private_planned += other.private_planned;
         self.routed += other.routed;
@@ -157,6 +166,8 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
     if let Some(fraction) = fraction {
         allocator.set_memory_fraction(fraction).unwrap();
     }
+    // The history shows what each malloc mapped and released, in order.
+    allocator.record_history(true, usize::MAX, &[], false);
     let mut live = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         match *op {
@@ -181,7 +192,15 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                     stats.num_sync_all_streams,
                     stats.num_device_alloc,
                 );
+                let entries_before = allocator.trace_len_total();
                 let result = allocator.malloc(size, stream);
+                // Pages mapped, then unmapped by the full release: a refused piece left them.
+                let entries = allocator.trace_since(entries_before);
+                let first_map = entries.iter().position(|e| e.action == TraceAction::SegmentMap);
+                if first_map.is_some_and(|at| entries[at..].iter().any(|e| e.action == TraceAction::SegmentUnmap)) {
+                    reached.partly += 1;
+                    reached.partly_planned += usize::from(releases.is_some());
+                }
                 // Pages mapped in two pieces or more (in one device allocation, or in those of
                 // the retry chain).
                 if allocator.stats().num_device_alloc >= mapped_before + 2 && settings.contains("expandable") {
@@ -315,6 +334,7 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
     assert!(reached.pending_full_release_planned > 0, "{reached:?}");
     assert!(reached.pending_oom_planned > 0, "{reached:?}");
     assert!(reached.pieces_planned > 0, "{reached:?}");
+    assert!(reached.partly_planned > 0, "{reached:?}");
     assert!(reached.private_planned > 0, "{reached:?}");
     assert!(reached.routed_planned > 0, "{reached:?}");
     assert!(reached.private_oom_planned > 0, "{reached:?}");
@@ -404,4 +424,31 @@ fn the_plan_answers_an_oversize_release_that_frees_enough_at_a_failure() {
         assert_eq!(planned, Some(allocator.backend().reservations_made() - before), "{case}");
         assert_eq!(planned, Some(1), "{case}");
     }
+}
+
+/// A device allocation that maps pages over a hole, then is refused the rest: the pages it
+/// mapped join the free blocks on both sides into one, which the full release then unmaps at
+/// once (one `segment_unmap` where the two free blocks alone would make two).
+#[test]
+fn the_plan_counts_the_pages_a_refused_allocation_left_mapped() {
+    // 90 MiB: beside 60 mapped, room for the first piece (the 20 MiB hole) but not the second.
+    let mut allocator =
+        CachingAllocator::new(SimBackend::new(90 * MIB), AllocatorConfig::parse("expandable_segments:True").unwrap())
+            .unwrap();
+    let stream = StreamId(1);
+    let _kept = allocator.malloc(20 * MIB, stream).unwrap();
+    let [below, hole, above] = [0; 3].map(|_| allocator.malloc(20 * MIB, stream).unwrap());
+    allocator.free(hole).unwrap();
+    allocator.empty_cache().unwrap();
+    allocator.free(below).unwrap();
+    allocator.free(above).unwrap();
+    // 20 MiB free, the hole, 20 MiB free, then unmapped pages: 100 MiB grows over the hole
+    // (one piece) and on into the unmapped pages after (the second, refused).
+    let free = 90 * MIB - allocator.backend().used();
+    let planned = allocator.releases_of_malloc(100 * MIB, stream, free);
+    let (released, mapped) = (allocator.stats().num_device_free, allocator.stats().num_device_alloc);
+    assert!(matches!(allocator.malloc(100 * MIB, stream), Err(AllocatorError::OutOfMemory(_))));
+    assert_eq!(allocator.stats().num_device_alloc - mapped, 1, "the hole was mapped, then the device refused");
+    assert_eq!(planned, Some(allocator.stats().num_device_free - released));
+    assert_eq!(planned, Some(1));
 }

@@ -405,10 +405,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// their blocks count with the free blocks they then join. Private pools are planned as the
     /// malloc takes them: a request routed to one searches, maps and releases oversize blocks
     /// there, and its chain has no full release; otherwise the full release also empties every
-    /// pool all of whose users released it. `None` where the state does not tell without
-    /// trying: a first device allocation that would map some of the expandable pages it needs
-    /// (in more than one piece) before the device refuses the rest, when the full release
-    /// follows, or a `policy:cachalot` miss after which the device might still refuse (its
+    /// pool all of whose users released it. Expandable pages are mapped one piece per unmapped
+    /// block the request grows over, and a piece the device refuses leaves those before it
+    /// mapped, free, for the full release to count. `None` where the state does not tell
+    /// without trying: a `policy:cachalot` miss after which the device might still refuse (its
     /// return of cached memory before a new peak is planned, with the walk the malloc itself
     /// takes, only where the miss then surely fits).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
@@ -432,8 +432,9 @@ impl<B: Backend> CachingAllocator<B> {
         }
         // The first device allocation served: the common answer, found without counting what
         // the cache could give back (every free block of both pools).
-        let fit = self.plan_fits(&request, &plan, device_free);
-        if fit == Fit::Yes {
+        let pieces = if request.expandable { self.pieces_to_map(&request) } else { Vec::new() };
+        let (served, mut mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, 0);
+        if served {
             return Some(plan.releases);
         }
         if !self.routing.is_empty() {
@@ -443,26 +444,22 @@ impl<B: Backend> CachingAllocator<B> {
             self.plan_oversize_release(&request, &mut plan);
             return Some(plan.releases);
         }
-        if fit == Fit::Partly {
-            // Pages mapped before the device refused would be free pages the full release
-            // counts: not planned.
-            return None;
-        }
-        // The full release, if reached, releases all the cache can give back once the
-        // outstanding frees have completed, those the steps before took included (whole
-        // segments, which no completed free joins).
-        let (releasable, _) = self.releasable();
-        if plan.releases == releasable {
-            return Some(plan.releases);
-        }
         if self.plan_oversize_release(&request, &mut plan) {
-            match self.plan_fits(&request, &plan, device_free) {
-                Fit::Yes => return Some(plan.releases),
-                Fit::Partly => return None,
-                Fit::No => {}
+            let served;
+            (served, mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped);
+            if served {
+                return Some(plan.releases);
             }
         }
-        Some(releasable)
+        // The full release releases all the cache can give back once the outstanding frees
+        // have completed, those the steps before took included (whole segments, which no
+        // completed free joins), and the pages the refused allocations mapped (free, joined
+        // to the block they grew).
+        let grown: Vec<u32> = pieces[..mapped].iter().map(|piece| piece.block).collect();
+        if grown.contains(&NIL) {
+            return None; // a whole new reservation mapped, still too small: never served
+        }
+        Some(self.releasable_with(&grown).0)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
@@ -595,7 +592,16 @@ impl<B: Backend> CachingAllocator<B> {
     /// releases (`synchronize_and_free_events`): each such block merges with the free blocks
     /// beside it, and the run they make is what is released.
     fn releasable(&self) -> (u64, u64) {
+        self.releasable_with(&[])
+    }
+
+    /// [`Self::releasable`], where the unmapped blocks `grown` have been mapped whole (by a
+    /// device allocation refused after them): free mapped blocks joined to those beside them.
+    fn releasable_with(&self, grown: &[u32]) -> (u64, u64) {
         let pending = self.frees_pending();
+        // Whether runs of free blocks may be longer than one block.
+        let joined = pending || !grown.is_empty();
+        let merges = |id: u32| self.merges_after_sync(id) || grown.contains(&id);
         let freeable = self.private.iter().filter(|(_, p)| p.use_count == 0).map(|(slot, _)| slot);
         let mut candidates = Vec::new();
         for slot in std::iter::once(NIL).chain(freeable) {
@@ -606,7 +612,8 @@ impl<B: Backend> CachingAllocator<B> {
                 candidates.extend(self.pending_blocks(slot));
             }
         }
-        if pending {
+        candidates.extend_from_slice(grown);
+        if joined {
             // A block waiting for several events is listed once per event.
             candidates.sort_unstable();
             candidates.dedup();
@@ -614,12 +621,12 @@ impl<B: Backend> CachingAllocator<B> {
         let (mut count, mut bytes) = (0, 0);
         for id in candidates {
             let b = &self.blocks[id];
-            // Without pending frees every free block is already all of its run.
-            if pending && b.prev != NIL && self.merges_after_sync(b.prev) {
+            // Otherwise every free block is already all of its run.
+            if joined && b.prev != NIL && merges(b.prev) {
                 continue; // within a run counted from its first block
             }
             let (mut end, mut next) = (b.ptr + b.size, b.next);
-            while pending && next != NIL && self.merges_after_sync(next) {
+            while joined && next != NIL && merges(next) {
                 end += self.blocks[next].size;
                 next = self.blocks[next].next;
             }
@@ -809,28 +816,37 @@ impl<B: Backend> CachingAllocator<B> {
         released >= key_size
     }
 
-    /// What `alloc_block` would do after the planned releases: the fraction's allowance, then
-    /// the device's room for a new segment or for the pages to map.
-    fn plan_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> Fit {
-        let total = self.total_allocated_memory - plan.bytes;
+    /// Whether `alloc_block` would serve the request after the planned releases, and how many
+    /// of `pieces` (the expandable pages it maps, [`Self::pieces_to_map`]) are mapped then,
+    /// `mapped` of them by refused allocations before: the fraction's allowance (over the
+    /// device bytes those hold too), then the device's room for a new segment, or for each
+    /// piece in turn. A refused piece leaves those before it mapped.
+    fn plan_device_allocation(
+        &self,
+        request: &super::malloc::Request,
+        plan: &ReleasePlan,
+        device_free: u64,
+        pieces: &[Piece],
+        mapped: usize,
+    ) -> (bool, usize) {
+        let mapped_bytes: u64 = pieces[..mapped].iter().map(|piece| piece.bytes).sum();
+        let total = self.total_allocated_memory + mapped_bytes - plan.bytes;
         if let Some(allowed) = self.allowed_memory_maximum
             && total.saturating_add(request.alloc_size) > allowed
         {
-            return Fit::No;
+            return (false, mapped);
         }
-        let room = device_free.saturating_add(plan.bytes);
+        // The device's free bytes, less what the pieces mapped before took.
+        let mut room = device_free.saturating_add(plan.bytes) - mapped_bytes;
         if !request.expandable {
-            return if request.alloc_size <= room { Fit::Yes } else { Fit::No };
+            return (request.alloc_size <= room, mapped);
         }
-        // The device is asked for each piece in turn, each taking room from the next.
-        let (total, first) = self.pages_to_map(request);
-        if total <= room {
-            Fit::Yes
-        } else if first > room {
-            Fit::No
-        } else {
-            Fit::Partly
+        let mut now = mapped;
+        while let Some(piece) = pieces.get(now).filter(|piece| piece.bytes <= room) {
+            room -= piece.bytes;
+            now += 1;
         }
+        (now == pieces.len(), now)
     }
 
     /// Whether `alloc_block` succeeds after the planned releases whatever it maps: the
@@ -841,19 +857,19 @@ impl<B: Backend> CachingAllocator<B> {
             && request.alloc_size <= device_free.saturating_add(plan.bytes)
     }
 
-    /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state,
-    /// in all and in its first piece: the pages it maps are one piece per unmapped block of
-    /// the run `find_expandable_block` chooses, until the free block grown from there holds the
-    /// request.
-    fn pages_to_map(&self, request: &super::malloc::Request) -> (u64, u64) {
+    /// The pieces `try_allocate_expandable_block` would map for `request`, in order, read off
+    /// the state: one per unmapped block of the run `find_expandable_block` chooses (each but
+    /// the last mapped whole), until the free block grown from there holds the request; or the
+    /// first pages of a new reservation ([`NIL`]), all of it where it is smaller than the
+    /// request (which no second piece then completes: one of all the device's bytes stands
+    /// for it).
+    fn pieces_to_map(&self, request: &super::malloc::Request) -> Vec<Piece> {
         let size = request.size;
         let Some(start) = self.expandable_room(request) else {
-            // A new reservation, whose first pages are mapped: all of it where it is smaller
-            // than the request, which no later piece can then complete.
             let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
             return match size <= reserved {
-                true => (size.div_ceil(page) * page, size.div_ceil(page) * page),
-                false => (u64::MAX, reserved),
+                true => vec![Piece { block: NIL, bytes: size.div_ceil(page) * page }],
+                false => vec![Piece { block: NIL, bytes: reserved }, Piece { block: NIL, bytes: u64::MAX }],
             };
         };
         // The free block grown so far, and the unmapped block after it: the candidate itself
@@ -862,35 +878,31 @@ impl<B: Backend> CachingAllocator<B> {
             false => (0, start),
             true => (self.blocks[start].size, self.blocks[start].next),
         };
-        let (mut total, mut first) = (0, None);
+        let mut pieces = Vec::new();
         while have < size {
             let b = &self.blocks[cursor];
             debug_assert!(!b.mapped && self.blocks.is_allocatable(cursor), "the run offers the request's bytes");
             let to_map = (size - have).min(b.size);
             let (base, page) = self.segment_pages(b.segment);
-            let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
-            total += mapped;
-            first.get_or_insert(mapped);
-            have += mapped;
+            let bytes = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
+            pieces.push(Piece { block: cursor, bytes });
+            have += bytes;
             // Wholly mapped, the piece joins the free block after it.
             cursor = b.next;
-            if mapped == b.size && cursor != NIL && self.blocks[cursor].mapped && self.blocks.is_allocatable(cursor) {
+            if bytes == b.size && cursor != NIL && self.blocks[cursor].mapped && self.blocks.is_allocatable(cursor) {
                 have += self.blocks[cursor].size;
                 cursor = self.blocks[cursor].next;
             }
         }
-        (total, first.unwrap_or(0))
+        pieces
     }
 }
 
-/// What the first device allocation of a malloc would do ([`CachingAllocator::releases_of_malloc`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fit {
-    /// It succeeds.
-    Yes,
-    /// It fails having taken nothing from the device.
-    No,
-    /// It fails after mapping some of the pages it needs: they stay mapped, free, and change
-    /// what the steps after it find.
-    Partly,
+/// One piece of the pages a malloc maps ([`CachingAllocator::pieces_to_map`]).
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    /// The unmapped block mapped from its start ([`NIL`]: a new reservation's).
+    block: u32,
+    /// Bytes mapped.
+    bytes: u64,
 }
