@@ -40,6 +40,14 @@ enum Cycle {
     /// blocks there, the outer two freed and unmapped by `empty_cache`, then the middle one
     /// freed) and the other stream's 40 MiB allocated and freed.
     Pieces,
+    /// In 20 MiB pages, with 30 MiB to spare: one stream holds, after a live page, a free page,
+    /// an unmapped one, a free one, then unmapped pages; another stream a free 40 MiB block.
+    /// 100 MiB on the first stream maps the hole (the first piece), the device refuses the
+    /// second, so the full release unmaps the free block the hole joined and the other
+    /// stream's, and the retry maps the 100 MiB at once. Then the layout is made again (three
+    /// 20 MiB blocks there, the middle one freed and unmapped by `empty_cache` with what is left
+    /// of the 100, the outer two freed) and the other stream's 40 MiB allocated and freed.
+    PartlyMapped,
 }
 
 /// Frees left outstanding on a side stream whose work never ends by itself.
@@ -131,6 +139,20 @@ fn replay_shape_with(
         let other = allocator.malloc(40 * MIB, stream(1)).unwrap();
         allocator.free(other).unwrap();
     };
+    // The layout of [`Cycle::PartlyMapped`], after a live page of stream 0.
+    let partly_layout = |allocator: &mut CachingAllocator<SimBackend>| {
+        let [below, hole, above] = [0; 3].map(|_| allocator.malloc(20 * MIB, stream(0)).unwrap());
+        allocator.free(hole).unwrap();
+        allocator.empty_cache().unwrap();
+        allocator.free(below).unwrap();
+        allocator.free(above).unwrap();
+        let other = allocator.malloc(40 * MIB, stream(1)).unwrap();
+        allocator.free(other).unwrap();
+    };
+    if matches!(cycle, Cycle::PartlyMapped) {
+        kept_too.push(allocator.malloc(20 * MIB, stream(0)).unwrap());
+        partly_layout(&mut allocator);
+    }
     if matches!(cycle, Cycle::Pieces) {
         // Live pages on both sides of the three.
         kept_too.push(allocator.malloc(20 * MIB, stream(0)).unwrap());
@@ -162,6 +184,11 @@ fn replay_shape_with(
                 assert!(matches!(failed, Err(AllocatorError::OutOfMemory(_))));
                 let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
                 allocator.free(tensor).unwrap();
+            }
+            Cycle::PartlyMapped => {
+                let grown = allocator.malloc(100 * MIB, stream(0)).unwrap();
+                allocator.free(grown).unwrap();
+                partly_layout(&mut allocator);
             }
             Cycle::Pieces => {
                 let grown = allocator.malloc(60 * MIB, stream(0)).unwrap();
@@ -218,7 +245,7 @@ fn replay_shape_with(
     let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
     verify_against_recording(&snapshot, &outcome, None).unwrap_or_else(|e| panic!("{settings}, {cycle:?}: {e}"));
     // Every release is a malloc's, but for the `empty_cache` calls of each layout of pieces.
-    let empty_caches = if matches!(cycle, Cycle::Pieces) { cycles as usize + 1 } else { 0 };
+    let empty_caches = if matches!(cycle, Cycle::Pieces | Cycle::PartlyMapped) { cycles as usize + 1 } else { 0 };
     assert_eq!(outcome.empty_cache_points.len(), empty_caches, "{settings}: the releases of empty_cache");
     assert_eq!(outcome.allocator.private_pools().len(), usize::from(private_pool));
     outcome.trial_copies
@@ -309,4 +336,15 @@ fn pages_mapped_in_pieces_copy_nothing() {
     // 2 MiB page.
     let copies = replay_shape("expandable_segments:True", None, (2 + 5 * 20 + 10) * MIB, 300, Cycle::Pieces, 40);
     assert_eq!(copies, 0);
+}
+
+/// A malloc that maps the first piece of its pages, is refused the second, and then releases the
+/// cache: the pages it mapped join a free block, which its full release unmaps (planned, with
+/// no copy).
+#[test]
+fn pages_left_mapped_by_a_refused_allocation_copy_nothing() {
+    // 30 MiB to spare beside the live blocks' 2 MiB page, stream 0's three pages and stream 1's
+    // two.
+    let device = (2 + 3 * 20 + 40 + 30) * MIB;
+    assert_eq!(replay_shape("expandable_segments:True", None, device, 300, Cycle::PartlyMapped, 40), 0);
 }
