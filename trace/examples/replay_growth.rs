@@ -3,7 +3,7 @@
 //! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
 //! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
 //! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
-//! the cache itself. The last seven also keep as many small blocks live as they have cycles, so
+//! the cache itself. The last eight also keep as many small blocks live as they have cycles, so
 //! that a replay that copied the live state at every release it had to explain would pay for
 //! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
 //! chain releases a cached segment at every malloc (the oversize release, then the full one);
@@ -11,8 +11,9 @@
 //! pages, whose misses return the cache before each new peak; and an out-of-memory error right
 //! after a deferred free's completion, which the failure's synchronization made (the replay
 //! completes that free before asking what the failure reserves); the OOM of shape 7 beside a
-//! private pool; and a malloc whose pages would be mapped in two pieces, the first refused, so
-//! that its full release runs (with an `empty_cache` per cycle). Each shape runs for `CYCLES`,
+//! private pool; a malloc whose pages would be mapped in two pieces, the first refused, so that
+//! its full release runs (with an `empty_cache` per cycle); and one refused the second piece
+//! after mapping the first, which its full release then unmaps. Each shape runs for `CYCLES`,
 //! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
 //! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
 //! first size's, with the replay's trial copies of the live state (`ReplayOutcome::trial_copies`).
@@ -68,6 +69,14 @@ enum Cycle {
     /// outer two freed and unmapped by `empty_cache`, the middle one freed, and the other
     /// stream's 40 MiB allocated and freed.
     Pieces,
+    /// In 20 MiB pages, with 30 MiB to spare: after a live page, a free page, an unmapped one, a
+    /// free one and unmapped pages on one stream, a free 40 MiB block on another. 100 MiB on
+    /// the first maps the hole (the first piece) and is refused the second, so its full release
+    /// unmaps the free block the hole joined and the other stream's, and the retry maps the
+    /// 100 MiB. Then the layout is made again: three 20 MiB blocks there, the middle one freed
+    /// and unmapped by `empty_cache` with what is left of the 100, the outer two freed, and
+    /// the other stream's 40 MiB allocated and freed.
+    PartlyMapped,
 }
 
 /// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
@@ -81,7 +90,7 @@ struct Shape {
     cycle: Cycle,
 }
 
-const SHAPES: [Shape; 11] = [
+const SHAPES: [Shape; 12] = [
     Shape {
         name: "memory fraction 0.5",
         settings: "",
@@ -178,6 +187,16 @@ const SHAPES: [Shape; 11] = [
         keeps_live: true,
         cycle: Cycle::Pieces,
     },
+    Shape {
+        name: "live blocks; expandable segments, pages left mapped by a refused allocation",
+        settings: "expandable_segments:True",
+        fraction: None,
+        // Three pages of one stream, two of another, 30 MiB to spare (and the live blocks'
+        // pages, added below).
+        device: (3 * 20 + 40 + 30) * MIB,
+        keeps_live: true,
+        cycle: Cycle::PartlyMapped,
+    },
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -233,7 +252,7 @@ fn record(
     let live_segments = (live * 512).div_ceil(2 * MIB) * 2 * MIB;
     let device = match shape.cycle {
         // The device holds the live blocks' 2 MiB segments besides.
-        Cycle::Oversize | Cycle::Pieces => shape.device + live_segments,
+        Cycle::Oversize | Cycle::Pieces | Cycle::PartlyMapped => shape.device + live_segments,
         // Each cycle keeps a 20 MiB page mapped.
         Cycle::OomAfterDeferredFree => shape.device + cycles * 20 * MIB,
         _ => shape.device,
@@ -280,6 +299,22 @@ fn record(
         let other = allocator.malloc(40 * MIB, stream(1))?;
         allocator.free(other)
     };
+    // The layout of `Cycle::PartlyMapped`, after a live page of stream 0.
+    let partly_layout = |allocator: &mut CachingAllocator<SimBackend>| -> Result<(), AllocatorError> {
+        let below = allocator.malloc(20 * MIB, stream(0))?;
+        let hole = allocator.malloc(20 * MIB, stream(0))?;
+        let above = allocator.malloc(20 * MIB, stream(0))?;
+        allocator.free(hole)?;
+        allocator.empty_cache()?;
+        allocator.free(below)?;
+        allocator.free(above)?;
+        let other = allocator.malloc(40 * MIB, stream(1))?;
+        allocator.free(other)
+    };
+    if matches!(shape.cycle, Cycle::PartlyMapped) {
+        kept.push(allocator.malloc(20 * MIB, stream(0))?);
+        partly_layout(&mut allocator)?;
+    }
     if matches!(shape.cycle, Cycle::Pieces) {
         // Live pages on both sides of the three, which are freed (merging) and cut again.
         kept.push(allocator.malloc(20 * MIB, stream(0))?);
@@ -326,6 +361,11 @@ fn record(
                 // One whole page, so that no free block is left per cycle (each would add to
                 // the walk of the failure's own full release).
                 kept.push(allocator.malloc(20 * MIB, new_stream)?);
+            }
+            Cycle::PartlyMapped => {
+                let grown = allocator.malloc(100 * MIB, stream(0))?;
+                allocator.free(grown)?;
+                partly_layout(&mut allocator)?;
             }
             Cycle::Pieces => {
                 let grown = allocator.malloc(60 * MIB, stream(0))?;
