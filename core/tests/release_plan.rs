@@ -93,7 +93,7 @@ fn hole_op() -> impl Strategy<Value = Op> {
 const EXPANDABLE: [usize; 2] = [4, 5];
 
 /// Settings, memory fraction and device size of the configurations checked.
-const CONFIGS: [(&str, Option<f64>, u64); 8] = [
+const CONFIGS: [(&str, Option<f64>, u64); 9] = [
     ("", None, 512 * MIB),
     ("garbage_collection_threshold:0.5", Some(0.6), 1024 * MIB),
     ("max_split_size_mb:20", None, 400 * MIB),
@@ -102,6 +102,7 @@ const CONFIGS: [(&str, Option<f64>, u64); 8] = [
     ("expandable_segments:True,garbage_collection_threshold:0.5", Some(0.7), 512 * MIB),
     ("policy:cachalot", None, 512 * MIB),
     ("policy:cachalot,garbage_collection_threshold:0.5", Some(0.7), 1024 * MIB),
+    ("policy:cachalot,max_split_size_mb:20", Some(0.9), 512 * MIB),
 ];
 
 /// How often a workload reached the shapes the plan once left to a trial, and how often the
@@ -125,6 +126,15 @@ struct Reached {
     partly: usize,
     /// ... where `releases_of_malloc` answered.
     partly_planned: usize,
+    /// A `policy:cachalot` miss that gave cached memory back and was still refused (then ran
+    /// its full release).
+    gave_back_refused: usize,
+    /// ... where `releases_of_malloc` answered.
+    gave_back_refused_planned: usize,
+    /// A `policy:cachalot` miss that gave cached memory back and failed.
+    gave_back_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    gave_back_oom_planned: usize,
     /// A malloc that released memory or failed while private pools existed, none routed to.
     private: usize,
     /// ... where `releases_of_malloc` answered.
@@ -149,6 +159,10 @@ impl std::ops::AddAssign for Reached {
         self.pieces_planned += other.pieces_planned;
         self.partly += other.partly;
         self.partly_planned += other.partly_planned;
+        self.gave_back_refused += other.gave_back_refused;
+        self.gave_back_refused_planned += other.gave_back_refused_planned;
+        self.gave_back_oom += other.gave_back_oom;
+        self.gave_back_oom_planned += other.gave_back_oom_planned;
         self.private += other.private;
         self.private_planned += other.private_planned;
         self.routed += other.routed;
@@ -182,6 +196,10 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 }
                 let free = total - allocator.backend().used();
                 let releases = allocator.releases_of_malloc(size, stream, free);
+                // With room for anything, a miss releases only what rule 4 gives back (the
+                // collector takes no pages, and under the policy every segment is pages).
+                let gives_back = settings.starts_with("policy:cachalot")
+                    && allocator.releases_of_malloc(size, stream, u64::MAX / 4).is_some_and(|n| n > 0);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
                 let stats = allocator.stats();
                 // Blocks freed but waiting for events are active without being allocated.
@@ -225,6 +243,10 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                     reached.private_oom += 1;
                     reached.private_oom_planned += usize::from(reservations.is_some());
                 }
+                if gives_back && allocator.stats().num_sync_all_streams > synced_before {
+                    reached.gave_back_refused += 1;
+                    reached.gave_back_refused_planned += usize::from(releases.is_some());
+                }
                 if pending && allocator.stats().num_sync_all_streams > synced_before {
                     reached.pending_full_release += 1;
                     reached.pending_full_release_planned += usize::from(releases.is_some());
@@ -235,6 +257,10 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                         let made = allocator.backend().reservations_made() - reserved_before;
                         if let Some(planned) = reservations {
                             prop_assert_eq!(planned, made, "{}: op {} ({:?}) reserved", settings, n, op);
+                        }
+                        if gives_back {
+                            reached.gave_back_oom += 1;
+                            reached.gave_back_oom_planned += usize::from(reservations.is_some());
                         }
                         if pending {
                             reached.pending_oom += 1;
@@ -335,6 +361,8 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
     assert!(reached.pending_oom_planned > 0, "{reached:?}");
     assert!(reached.pieces_planned > 0, "{reached:?}");
     assert!(reached.partly_planned > 0, "{reached:?}");
+    assert!(reached.gave_back_refused_planned > 0, "{reached:?}");
+    assert!(reached.gave_back_oom_planned > 0, "{reached:?}");
     assert!(reached.private_planned > 0, "{reached:?}");
     assert!(reached.routed_planned > 0, "{reached:?}");
     assert!(reached.private_oom_planned > 0, "{reached:?}");

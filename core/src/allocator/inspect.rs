@@ -375,6 +375,10 @@ struct ReleasePlan {
     releases: u64,
     /// Device bytes released so far.
     bytes: u64,
+    /// Free expandable blocks `policy:cachalot` gives pages back from: the block, and the first
+    /// and the end address of the pages unmapped (the block's pages below and its partial page
+    /// above stay mapped and free).
+    cuts: Vec<(u32, u64, u64)>,
 }
 
 impl ReleasePlan {
@@ -408,9 +412,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// pool all of whose users released it. Expandable pages are mapped one piece per unmapped
     /// block the request grows over, and a piece the device refuses leaves those before it
     /// mapped, free, for the full release to count. `None` where the state does not tell
-    /// without trying: a `policy:cachalot` miss after which the device might still refuse (its
-    /// return of cached memory before a new peak is planned, with the walk the malloc itself
-    /// takes, only where the miss then surely fits).
+    /// without trying: a `policy:cachalot` miss that gives back pages of a free block of its own
+    /// stream large enough for it (which best fit passed over only under `max_split_size_mb`),
+    /// where it may then grow. Rule 4's return of cached memory before a new peak is planned
+    /// with the walk the malloc itself takes; what it leaves (blocks cut below the pages it
+    /// unmapped) is what the later steps find.
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
@@ -420,15 +426,15 @@ impl<B: Backend> CachingAllocator<B> {
         if self.plan_hit(&request) {
             return Some(0);
         }
-        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        let gave_back = self.plan_give_backs_before_peak(&request, &mut plan);
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
+        // Rule 4 gives back from free blocks outside the run the miss grows over (its pieces
+        // are as planned before), and its walk is the malloc's own.
+        self.plan_give_backs_before_peak(&request, &mut plan);
+        if self.give_back_opens_room(&request, &plan) {
+            return None;
+        }
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
-        }
-        if gave_back {
-            // What rule 4 left is not read off the state: planned only where the miss then
-            // surely fits (its whole `alloc_size`, within the fraction and the device).
-            return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
         }
         // The first device allocation served: the common answer, found without counting what
         // the cache could give back (every free block of both pools).
@@ -451,22 +457,22 @@ impl<B: Backend> CachingAllocator<B> {
                 return Some(plan.releases);
             }
         }
-        // The full release releases all the cache can give back once the outstanding frees
-        // have completed, those the steps before took included (whole segments, which no
-        // completed free joins), and the pages the refused allocations mapped (free, joined
-        // to the block they grew).
+        // The full release releases all the cache still holds once the outstanding frees have
+        // completed, the pages the refused allocations mapped included (free, joined to the
+        // block they grew).
         let grown: Vec<u32> = pieces[..mapped].iter().map(|piece| piece.block).collect();
         if grown.contains(&NIL) {
             return None; // a whole new reservation mapped, still too small: never served
         }
-        Some(self.releasable_with(&grown).0)
+        Some(plan.releases + self.releasable_after(&grown, &plan).0)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
     /// would make on its way (each step of the retry chain that finds no segment of the stream
     /// and pool with room for the request reserves one, and keeps it), found without making it.
-    /// `None` where `policy:cachalot` would give cached memory back first (what it leaves is
-    /// not read off the state).
+    /// `None` where `policy:cachalot` would give back pages of a free block of the request's
+    /// stream large enough for it (passed over by best fit under `max_split_size_mb`), which
+    /// may open room the search did not see before.
     pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
@@ -476,9 +482,9 @@ impl<B: Backend> CachingAllocator<B> {
         if !request.expandable || self.plan_hit(&request) {
             return Some(0);
         }
-        let (_, releasable_bytes) = self.releasable();
-        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        if self.plan_give_backs_before_peak(&request, &mut plan) {
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
+        self.plan_give_backs_before_peak(&request, &mut plan);
+        if self.give_back_opens_room(&request, &plan) {
             return None;
         }
         if self.gc_enabled() {
@@ -514,7 +520,11 @@ impl<B: Backend> CachingAllocator<B> {
         }
         // The retry after the full release, which unmapped every free page and released every
         // reservation left with nothing mapped (not one that never had a page mapped).
-        if within_fraction(releasable_bytes) && !made_with_room(made) && !self.room_after_release(&request) {
+        // What the full release leaves reserved: the steps before it gave back `plan.bytes`.
+        // Rule 4's give-backs change neither which runs have room once every free page is
+        // unmapped nor which reservations are then released.
+        let released = plan.bytes + self.releasable_after(&[], &plan).1;
+        if within_fraction(released) && !made_with_room(made) && !self.room_after_release(&request) {
             made += 1;
         }
         Some(made)
@@ -573,10 +583,15 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let give_backs = self.give_backs_before_peak(request);
         for give_back in &give_backs {
-            if self.blocks[give_back.block].expandable {
+            let b = &self.blocks[give_back.block];
+            if b.expandable {
                 // Pages at the top of a free block: the block stays (smaller, or unmapped).
                 plan.releases += 1;
                 plan.bytes += give_back.bytes;
+                if let Some((begin, end, page)) = self.pages_given_back_from(give_back.block, give_back.wanted) {
+                    let base = self.segments[b.segment].base;
+                    plan.cuts.push((give_back.block, base + begin * page, base + end * page));
+                }
             } else {
                 plan.release(give_back.block, give_back.bytes);
             }
@@ -584,24 +599,39 @@ impl<B: Backend> CachingAllocator<B> {
         !give_backs.is_empty()
     }
 
-    /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now: every
-    /// free whole segment and every free expandable block holding a whole page, of both default
-    /// pools and of every private pool all of whose users released it (`release_freeable_pools`;
-    /// a pool still used keeps its memory). Also the device bytes they hold. Cross-stream frees still
-    /// outstanding count as completed, as `release_cached_blocks` completes them before it
-    /// releases (`synchronize_and_free_events`): each such block merges with the free blocks
-    /// beside it, and the run they make is what is released.
-    fn releasable(&self) -> (u64, u64) {
-        self.releasable_with(&[])
+    /// Whether rule 4's give-backs may open room that the search for the request's pages did
+    /// not see before them: pages given back from a free block of the request's stream and pool
+    /// large enough for it (which best fit passed over only under `max_split_size_mb`) make its
+    /// run, with no unmapped block before, one that `find_expandable_block` considers. Then
+    /// the miss may grow there rather than where the plan's pieces are: not planned.
+    fn give_back_opens_room(&self, request: &super::malloc::Request, plan: &ReleasePlan) -> bool {
+        plan.cuts.iter().any(|&(id, _, _)| {
+            let b = &self.blocks[id];
+            b.stream == request.stream
+                && b.pool == request.pool
+                && self.segments[b.segment].private == request.slot
+                && b.size >= request.size
+        })
     }
 
-    /// [`Self::releasable`], where the unmapped blocks `grown` have been mapped whole (by a
-    /// device allocation refused after them): free mapped blocks joined to those beside them.
-    fn releasable_with(&self, grown: &[u32]) -> (u64, u64) {
+    /// The `segment_free` and `segment_unmap` entries the full release of a malloc's retry
+    /// chain would record once the steps of `plan` have been taken (and `empty_cache` now, for
+    /// an empty plan): every free whole segment and every free expandable block holding a
+    /// whole page, of both default pools and of every private pool all of whose users released
+    /// it (`release_freeable_pools`; a pool still used keeps its memory), less the whole
+    /// segments the plan released, with the pages it gave back from free blocks unmapped (which
+    /// cuts their runs), and with the unmapped blocks `grown` mapped whole (by a device
+    /// allocation refused after them), joined to the free blocks beside them. Also the device
+    /// bytes they hold. Cross-stream frees still outstanding count as completed, as
+    /// `release_cached_blocks` completes them before it releases
+    /// (`synchronize_and_free_events`): each such block merges with the free blocks beside it,
+    /// and the run they make is what is released.
+    fn releasable_after(&self, grown: &[u32], plan: &ReleasePlan) -> (u64, u64) {
         let pending = self.frees_pending();
-        // Whether runs of free blocks may be longer than one block.
-        let joined = pending || !grown.is_empty();
+        // Whether runs of free blocks may be longer than one block, or cut.
+        let joined = pending || !grown.is_empty() || !plan.cuts.is_empty();
         let merges = |id: u32| self.merges_after_sync(id) || grown.contains(&id);
+        let cut_of = |id: u32| plan.cuts.iter().find(|cut| cut.0 == id).map(|&(_, begin, end)| (begin, end));
         let freeable = self.private.iter().filter(|(_, p)| p.use_count == 0).map(|(slot, _)| slot);
         let mut candidates = Vec::new();
         for slot in std::iter::once(NIL).chain(freeable) {
@@ -613,6 +643,7 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         candidates.extend_from_slice(grown);
+        candidates.retain(|id| !plan.gone.contains(id));
         if joined {
             // A block waiting for several events is listed once per event.
             candidates.sort_unstable();
@@ -625,22 +656,35 @@ impl<B: Backend> CachingAllocator<B> {
             if joined && b.prev != NIL && merges(b.prev) {
                 continue; // within a run counted from its first block
             }
-            let (mut end, mut next) = (b.ptr + b.size, b.next);
-            while joined && next != NIL && merges(next) {
-                end += self.blocks[next].size;
-                next = self.blocks[next].next;
-            }
-            let released = if b.expandable {
-                let (base, page) = self.segment_pages(b.segment);
-                let (begin, end) = ((b.ptr - base).div_ceil(page), (end - base) / page);
-                end.saturating_sub(begin) * page
-            } else if b.prev != NIL || next != NIL {
-                0
-            } else {
-                end - b.ptr
+            let (base, page) = self.segment_pages(b.segment);
+            // The whole pages of the mapped range [begin, end), which one unmap releases.
+            let mut count_pages = |begin: u64, end: u64| {
+                let released = ((end - base) / page).saturating_sub((begin - base).div_ceil(page)) * page;
+                count += u64::from(released > 0);
+                bytes += released;
             };
-            count += u64::from(released > 0);
-            bytes += released;
+            // The run's blocks, a range of them cut off at each block pages were given back
+            // from: what is below those pages ends one range, what is above starts the next.
+            let (mut begin, mut last) = (b.ptr, id);
+            loop {
+                if let Some((cut, top)) = cut_of(last) {
+                    count_pages(begin, cut);
+                    begin = top;
+                }
+                let next = self.blocks[last].next;
+                if !(joined && next != NIL && merges(next)) {
+                    break;
+                }
+                last = next;
+            }
+            let (end, after) = (self.blocks[last].ptr + self.blocks[last].size, self.blocks[last].next);
+            if b.expandable {
+                count_pages(begin, end);
+            } else if b.prev == NIL && after == NIL {
+                // Ordinary segments are released whole, when all of one is free.
+                count += 1;
+                bytes += end - b.ptr;
+            }
         }
         (count, bytes)
     }
@@ -847,14 +891,6 @@ impl<B: Backend> CachingAllocator<B> {
             now += 1;
         }
         (now == pieces.len(), now)
-    }
-
-    /// Whether `alloc_block` succeeds after the planned releases whatever it maps: the
-    /// request's whole `alloc_size` fits within the fraction and on the device.
-    fn plan_surely_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> bool {
-        let total = self.total_allocated_memory - plan.bytes;
-        self.allowed_memory_maximum.is_none_or(|allowed| total.saturating_add(request.alloc_size) <= allowed)
-            && request.alloc_size <= device_free.saturating_add(plan.bytes)
     }
 
     /// The pieces `try_allocate_expandable_block` would map for `request`, in order, read off
