@@ -48,6 +48,12 @@ enum Cycle {
     /// 20 MiB blocks there, the middle one freed and unmapped by `empty_cache` with what is left
     /// of the 100, the outer two freed) and the other stream's 40 MiB allocated and freed.
     PartlyMapped,
+    /// Under `policy:cachalot` with a fraction of 70 MiB: 40 MiB on stream 1 (rule 4 gives back
+    /// the top of stream 0's cached 60 MiB), freed; then 60 MiB on stream 0, whose miss gives
+    /// back stream 1's 40 MiB and is still refused by the fraction (which counts its whole
+    /// request, not the pages it maps), so its full release unmaps stream 0's free block too,
+    /// and the retry maps the 60 MiB; freed.
+    GiveBackRefused,
 }
 
 /// Frees left outstanding on a side stream whose work never ends by itself.
@@ -184,6 +190,12 @@ fn replay_shape_with(
                 assert!(matches!(failed, Err(AllocatorError::OutOfMemory(_))));
                 let tensor = allocator.malloc(24 * MIB, stream(n % 2)).unwrap();
                 allocator.free(tensor).unwrap();
+            }
+            Cycle::GiveBackRefused => {
+                for (size, on) in [(40 * MIB, 1), (60 * MIB, 0)] {
+                    let tensor = allocator.malloc(size, stream(on)).unwrap();
+                    allocator.free(tensor).unwrap();
+                }
             }
             Cycle::PartlyMapped => {
                 let grown = allocator.malloc(100 * MIB, stream(0)).unwrap();
@@ -347,4 +359,13 @@ fn pages_left_mapped_by_a_refused_allocation_copy_nothing() {
     // two.
     let device = (2 + 3 * 20 + 40 + 30) * MIB;
     assert_eq!(replay_shape("expandable_segments:True", None, device, 300, Cycle::PartlyMapped, 40), 0);
+}
+
+/// A `policy:cachalot` miss that gives cached memory back and is still refused (by the fraction),
+/// then releases the cache: what the give-backs leave is read off the state, with no copy.
+#[test]
+fn a_give_back_then_a_refusal_copies_nothing() {
+    let fraction = Some((70 * MIB) as f64 / (80u64 << 30) as f64);
+    let settings = "policy:cachalot,expandable_segments:True";
+    assert_eq!(replay_shape(settings, fraction, 80 << 30, 300, Cycle::GiveBackRefused, 40), 0);
 }
