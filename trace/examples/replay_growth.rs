@@ -3,7 +3,7 @@
 //! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
 //! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
 //! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
-//! the cache itself. The last eight also keep as many small blocks live as they have cycles, so
+//! the cache itself. The last nine also keep as many small blocks live as they have cycles, so
 //! that a replay that copied the live state at every release it had to explain would pay for
 //! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
 //! chain releases a cached segment at every malloc (the oversize release, then the full one);
@@ -13,7 +13,8 @@
 //! completes that free before asking what the failure reserves); the OOM of shape 7 beside a
 //! private pool; a malloc whose pages would be mapped in two pieces, the first refused, so that
 //! its full release runs (with an `empty_cache` per cycle); and one refused the second piece
-//! after mapping the first, which its full release then unmaps. Each shape runs for `CYCLES`,
+//! after mapping the first, which its full release then unmaps; and a `policy:cachalot` miss
+//! that gives cached memory back and is still refused. Each shape runs for `CYCLES`,
 //! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
 //! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
 //! first size's, with the replay's trial copies of the live state (`ReplayOutcome::trial_copies`).
@@ -77,6 +78,12 @@ enum Cycle {
     /// and unmapped by `empty_cache` with what is left of the 100, the outer two freed, and
     /// the other stream's 40 MiB allocated and freed.
     PartlyMapped,
+    /// Under `policy:cachalot` with a fraction of 70 MiB: 40 MiB on stream 1 (rule 4 gives back
+    /// the top of stream 0's cached 60 MiB), freed; then 60 MiB on stream 0, whose miss gives
+    /// back stream 1's 40 MiB and is still refused by the fraction (which counts the whole
+    /// request, not the pages it maps), so its full release unmaps stream 0's free block too;
+    /// freed.
+    GiveBackRefused,
 }
 
 /// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
@@ -90,7 +97,7 @@ struct Shape {
     cycle: Cycle,
 }
 
-const SHAPES: [Shape; 12] = [
+const SHAPES: [Shape; 13] = [
     Shape {
         name: "memory fraction 0.5",
         settings: "",
@@ -197,6 +204,15 @@ const SHAPES: [Shape; 12] = [
         keeps_live: true,
         cycle: Cycle::PartlyMapped,
     },
+    Shape {
+        name: "live blocks; policy:cachalot, a give-back still refused by the fraction",
+        settings: "policy:cachalot,expandable_segments:True",
+        // 70 MiB beside the live blocks' pages (set below).
+        fraction: None,
+        device: DEVICE,
+        keeps_live: true,
+        cycle: Cycle::GiveBackRefused,
+    },
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -257,10 +273,13 @@ fn record(
         Cycle::OomAfterDeferredFree => shape.device + cycles * 20 * MIB,
         _ => shape.device,
     };
-    // The collector's shape allows 64 MiB beside the live blocks' segments.
-    let fraction = match shape.settings.contains("garbage_collection") && shape.keeps_live {
-        true => Some((live_segments + 64 * MIB) as f64 / device as f64),
-        false => shape.fraction,
+    // The collector's shape allows 64 MiB beside the live blocks' segments, the give-back's 70.
+    let fraction = match shape.cycle {
+        _ if shape.settings.contains("garbage_collection") && shape.keeps_live => {
+            Some((live_segments + 64 * MIB) as f64 / device as f64)
+        }
+        Cycle::GiveBackRefused => Some((live_segments + 70 * MIB) as f64 / device as f64),
+        _ => shape.fraction,
     };
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone())?;
     if let Some(fraction) = fraction {
@@ -361,6 +380,12 @@ fn record(
                 // One whole page, so that no free block is left per cycle (each would add to
                 // the walk of the failure's own full release).
                 kept.push(allocator.malloc(20 * MIB, new_stream)?);
+            }
+            Cycle::GiveBackRefused => {
+                for (size, on) in [(40 * MIB, 1), (60 * MIB, 0)] {
+                    let tensor = allocator.malloc(size, stream(on))?;
+                    allocator.free(tensor)?;
+                }
             }
             Cycle::PartlyMapped => {
                 let grown = allocator.malloc(100 * MIB, stream(0))?;
