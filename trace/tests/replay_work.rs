@@ -16,6 +16,8 @@ use cachalot_trace::pool_calls::PoolCall;
 use cachalot_trace::replay::{CallKind, ProgramCall, ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
+mod common;
+
 const MIB: u64 = 1 << 20;
 
 /// What each cycle does (as in `examples/replay_growth.rs`).
@@ -368,4 +370,33 @@ fn a_give_back_then_a_refusal_copies_nothing() {
     let fraction = Some((70 * MIB) as f64 / (80u64 << 30) as f64);
     let settings = "policy:cachalot,expandable_segments:True";
     assert_eq!(replay_shape(settings, fraction, 80 << 30, 300, Cycle::GiveBackRefused, 40), 0);
+}
+
+/// No trace recorded from PyTorch needs a trial copy: the nine reference traces, the conformance
+/// traces and the pool traces, replayed with the program's calls where their `expected.json`
+/// lists them and without (the mode that infers `empty_cache`, where the plan decides).
+#[test]
+fn no_recorded_trace_needs_a_copy() {
+    let testdata = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance");
+    let mut traces = common::reference_traces();
+    for dir in [testdata.clone(), testdata.join("pools")] {
+        let mut found: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+            .collect();
+        found.sort();
+        traces.extend(found);
+    }
+    assert!(traces.len() >= 9 + 7 + 8, "{} traces", traces.len());
+    for path in traces {
+        let (snapshot, expected) = common::load(&path);
+        let with_calls = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+        let without_calls = ReplayOptions { calls: None, ..with_calls.clone() };
+        for options in [with_calls, without_calls] {
+            let calls = options.calls.is_some();
+            let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+            assert_eq!(outcome.trial_copies, 0, "{} (calls: {calls})", path.display());
+        }
+    }
 }
