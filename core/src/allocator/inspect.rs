@@ -519,10 +519,9 @@ impl<B: Backend> CachingAllocator<B> {
             return Some(made); // no full release while allocations are routed to a pool
         }
         // The retry after the full release, which unmapped every free page and released every
-        // reservation left with nothing mapped (not one that never had a page mapped).
-        // What the full release leaves reserved: the steps before it gave back `plan.bytes`.
-        // Rule 4's give-backs change neither which runs have room once every free page is
-        // unmapped nor which reservations are then released.
+        // reservation left with nothing mapped (not one that never had a page mapped), beside
+        // the `plan.bytes` the steps before gave back. Rule 4's give-backs change neither which
+        // runs have room once every free page is unmapped nor which reservations are released.
         let released = plan.bytes + self.releasable_after(&[], &plan).1;
         if within_fraction(released) && !made_with_room(made) && !self.room_after_release(&request) {
             made += 1;
