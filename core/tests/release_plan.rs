@@ -8,20 +8,56 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
+use cachalot_core::{
+    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
+};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 
 /// One step of a workload: a malloc of `size` on stream `stream % 3`, a free of the live
 /// allocation `pick % live` (after its use on a busy side stream, with `deferred`, so that the
-/// free waits for it), the side stream's work finishing, or `empty_cache`.
+/// free waits for it), the side stream's work finishing, `empty_cache`, a call on one of two
+/// private pools, or expandable segments switched on or off at run time.
 #[derive(Clone, Debug)]
 enum Op {
     Malloc { size: u64, stream: u64 },
     Free { pick: usize, deferred: bool },
     FinishSideStream,
     EmptyCache,
+    Pool { pool: u64, call: PoolCall },
+    SetExpandable(bool),
+}
+
+/// A private-pool call of [`Op::Pool`] (one that the pool's state refuses changes nothing).
+#[derive(Clone, Copy, Debug)]
+enum PoolCall {
+    /// `MemPool()`.
+    Create,
+    /// `use_mem_pool` entering (every stream) or a capture beginning on stream `0x100 + n`.
+    Route(Option<u64>),
+    /// `use_mem_pool` leaving, or a capture ending.
+    Unroute,
+    /// One user gone.
+    Release,
+    /// `empty_cache` of the pool.
+    EmptyCache,
+}
+
+/// [`op`], with private pools and expandable segments switched at run time.
+fn pool_op() -> impl Strategy<Value = Op> {
+    let call = prop_oneof![
+        Just(PoolCall::Create),
+        prop::option::of(0u64..3).prop_map(PoolCall::Route),
+        Just(PoolCall::Unroute),
+        Just(PoolCall::Release),
+        Just(PoolCall::EmptyCache),
+    ];
+    prop_oneof![
+        8 => op(),
+        2 => (0u64..2, call).prop_map(|(pool, call)| Op::Pool { pool, call }),
+        1 => any::<bool>().prop_map(Op::SetExpandable),
+    ]
 }
 
 /// The stream whose work a deferred free waits for.
@@ -39,8 +75,25 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Steps that leave holes in expandable segments: large blocks on one stream, freed, their pages
+/// unmapped by `empty_cache` while their neighbours stay, so that a later request grows a free
+/// block over several unmapped ones (pages mapped in more than one piece).
+fn hole_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (16u64 << 20..30 << 20).prop_map(|size| Op::Malloc { size, stream: 0 }),
+        // Larger than a hole and the free block beside it.
+        1 => (60u64 << 20..200 << 20).prop_map(|size| Op::Malloc { size, stream: 0 }),
+        3 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(pick, deferred)| Op::Free { pick, deferred }),
+        1 => Just(Op::FinishSideStream),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+/// The configurations of [`CONFIGS`] with expandable segments.
+const EXPANDABLE: [usize; 2] = [4, 5];
+
 /// Settings, memory fraction and device size of the configurations checked.
-const CONFIGS: [(&str, Option<f64>, u64); 8] = [
+const CONFIGS: [(&str, Option<f64>, u64); 9] = [
     ("", None, 512 * MIB),
     ("garbage_collection_threshold:0.5", Some(0.6), 1024 * MIB),
     ("max_split_size_mb:20", None, 400 * MIB),
@@ -49,31 +102,154 @@ const CONFIGS: [(&str, Option<f64>, u64); 8] = [
     ("expandable_segments:True,garbage_collection_threshold:0.5", Some(0.7), 512 * MIB),
     ("policy:cachalot", None, 512 * MIB),
     ("policy:cachalot,garbage_collection_threshold:0.5", Some(0.7), 1024 * MIB),
+    ("policy:cachalot,max_split_size_mb:20", Some(0.9), 512 * MIB),
 ];
 
-fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+/// How often a workload reached the shapes the plan once left to a trial, and how often the
+/// plan answered there (and was then checked against the malloc).
+#[derive(Clone, Copy, Debug, Default)]
+struct Reached {
+    /// A malloc whose full release (it synchronizes) found cross-stream frees outstanding.
+    pending_full_release: usize,
+    /// ... where `releases_of_malloc` answered.
+    pending_full_release_planned: usize,
+    /// A malloc that ran out of memory with cross-stream frees outstanding.
+    pending_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    pending_oom_planned: usize,
+    /// A malloc that mapped expandable pages in more than one piece.
+    pieces: usize,
+    /// ... where `releases_of_malloc` answered.
+    pieces_planned: usize,
+    /// A malloc whose device allocation mapped pages before the device refused the rest, and
+    /// whose full release then ran.
+    partly: usize,
+    /// ... where `releases_of_malloc` answered.
+    partly_planned: usize,
+    /// A `policy:cachalot` miss that gave cached memory back and was still refused (then ran
+    /// its full release).
+    gave_back_refused: usize,
+    /// ... where `releases_of_malloc` answered.
+    gave_back_refused_planned: usize,
+    /// A `policy:cachalot` miss that gave cached memory back and failed.
+    gave_back_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    gave_back_oom_planned: usize,
+    /// A malloc that released memory or failed while private pools existed, none routed to.
+    private: usize,
+    /// ... where `releases_of_malloc` answered.
+    private_planned: usize,
+    /// A malloc that released memory or failed while allocations were routed to a pool.
+    routed: usize,
+    /// ... where `releases_of_malloc` answered.
+    routed_planned: usize,
+    /// A malloc that failed while private pools existed, with expandable segments.
+    private_oom: usize,
+    /// ... where `reservations_of_failing_malloc` answered.
+    private_oom_planned: usize,
+}
+
+impl std::ops::AddAssign for Reached {
+    fn add_assign(&mut self, other: Self) {
+        self.pending_full_release += other.pending_full_release;
+        self.pending_full_release_planned += other.pending_full_release_planned;
+        self.pending_oom += other.pending_oom;
+        self.pending_oom_planned += other.pending_oom_planned;
+        self.pieces += other.pieces;
+        self.pieces_planned += other.pieces_planned;
+        self.partly += other.partly;
+        self.partly_planned += other.partly_planned;
+        self.gave_back_refused += other.gave_back_refused;
+        self.gave_back_refused_planned += other.gave_back_refused_planned;
+        self.gave_back_oom += other.gave_back_oom;
+        self.gave_back_oom_planned += other.gave_back_oom_planned;
+        self.private += other.private;
+        self.private_planned += other.private_planned;
+        self.routed += other.routed;
+        self.routed_planned += other.routed_planned;
+        self.private_oom += other.private_oom;
+        self.private_oom_planned += other.private_oom_planned;
+    }
+}
+
+fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
+    let mut reached = Reached::default();
     let (settings, fraction, total) = CONFIGS[config];
     let mut allocator =
         CachingAllocator::new(SimBackend::new(total), AllocatorConfig::parse(settings).unwrap()).unwrap();
     if let Some(fraction) = fraction {
         allocator.set_memory_fraction(fraction).unwrap();
     }
+    // The history shows what each malloc mapped and released, in order.
+    allocator.record_history(true, usize::MAX, &[], false);
     let mut live = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         match *op {
             Op::Malloc { size, stream } => {
                 let stream = StreamId(0x100 + stream);
-                // As a replay does before asking: the malloc's own first step.
-                allocator.process_events().unwrap();
+                let routed = !allocator.routed_pools().is_empty();
+                let private = !allocator.private_pools().is_empty();
+                // As a replay does before asking: the malloc's own first step (none while
+                // allocations are routed to a pool).
+                if !routed {
+                    allocator.process_events().unwrap();
+                }
                 let free = total - allocator.backend().used();
                 let releases = allocator.releases_of_malloc(size, stream, free);
+                // With room for anything, a miss releases only what rule 4 gives back (the
+                // collector takes no pages, and under the policy every segment is pages).
+                let gives_back = settings.starts_with("policy:cachalot")
+                    && allocator.releases_of_malloc(size, stream, u64::MAX / 4).is_some_and(|n| n > 0);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
-                let (released_before, reserved_before) =
-                    (allocator.stats().num_device_free, allocator.backend().reservations_made());
+                let stats = allocator.stats();
+                // Blocks freed but waiting for events are active without being allocated.
+                let pending = stats.active.all().current > stats.allocation.all().current;
+                let (released_before, reserved_before, synced_before, mapped_before) = (
+                    stats.num_device_free,
+                    allocator.backend().reservations_made(),
+                    stats.num_sync_all_streams,
+                    stats.num_device_alloc,
+                );
+                let entries_before = allocator.trace_len_total();
                 let result = allocator.malloc(size, stream);
+                // Pages mapped, then unmapped by the full release: a refused piece left them.
+                let entries = allocator.trace_since(entries_before);
+                let first_map = entries.iter().position(|e| e.action == TraceAction::SegmentMap);
+                if first_map.is_some_and(|at| entries[at..].iter().any(|e| e.action == TraceAction::SegmentUnmap)) {
+                    reached.partly += 1;
+                    reached.partly_planned += usize::from(releases.is_some());
+                }
+                // Pages mapped in two pieces or more (in one device allocation, or in those of
+                // the retry chain).
+                if allocator.stats().num_device_alloc >= mapped_before + 2 && settings.contains("expandable") {
+                    reached.pieces += 1;
+                    reached.pieces_planned += usize::from(releases.is_some());
+                }
                 let released = allocator.stats().num_device_free - released_before;
                 if let Some(planned) = releases {
                     prop_assert_eq!(planned, released, "{}: op {} ({:?}) released", settings, n, op);
+                }
+                if released > 0 || result.is_err() {
+                    let (count, planned) = match routed {
+                        true => (&mut reached.routed, &mut reached.routed_planned),
+                        false => (&mut reached.private, &mut reached.private_planned),
+                    };
+                    if private {
+                        *count += 1;
+                        *planned += usize::from(releases.is_some());
+                    }
+                }
+                if result.is_err() && private && allocator.config().expandable_segments() {
+                    reached.private_oom += 1;
+                    reached.private_oom_planned += usize::from(reservations.is_some());
+                }
+                if gives_back && allocator.stats().num_sync_all_streams > synced_before {
+                    reached.gave_back_refused += 1;
+                    reached.gave_back_refused_planned += usize::from(releases.is_some());
+                }
+                if pending && allocator.stats().num_sync_all_streams > synced_before {
+                    reached.pending_full_release += 1;
+                    reached.pending_full_release_planned += usize::from(releases.is_some());
                 }
                 match result {
                     Ok(allocation) => live.push(allocation),
@@ -81,6 +257,14 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
                         let made = allocator.backend().reservations_made() - reserved_before;
                         if let Some(planned) = reservations {
                             prop_assert_eq!(planned, made, "{}: op {} ({:?}) reserved", settings, n, op);
+                        }
+                        if gives_back {
+                            reached.gave_back_oom += 1;
+                            reached.gave_back_oom_planned += usize::from(reservations.is_some());
+                        }
+                        if pending {
+                            reached.pending_oom += 1;
+                            reached.pending_oom_planned += usize::from(reservations.is_some());
                         }
                     }
                     Err(other) => return Err(TestCaseError::fail(format!("{settings}: op {n}: {other}"))),
@@ -98,9 +282,28 @@ fn check(config: usize, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::FinishSideStream => allocator.backend_mut().finish_stream(SIDE),
             Op::EmptyCache => allocator.empty_cache().unwrap(),
+            Op::Pool { pool, call } => {
+                let id = PoolId(0, 1 + pool);
+                // A call the pool's state refuses (already routed, released, unknown) changes
+                // nothing.
+                let _ = match call {
+                    PoolCall::Create => allocator.create_pool(id),
+                    PoolCall::Route(stream) => allocator.begin_allocate_to_pool(
+                        id,
+                        stream.map_or(PoolFilter::AllStreams, |s| PoolFilter::Stream(StreamId(0x100 + s))),
+                    ),
+                    PoolCall::Unroute => allocator.end_allocate_to_pool(id),
+                    PoolCall::Release => allocator.release_pool(id),
+                    PoolCall::EmptyCache => allocator.empty_pool_cache(id),
+                };
+            }
+            Op::SetExpandable(on) => {
+                let settings = format!("{settings},expandable_segments:{}", if on { "True" } else { "False" });
+                allocator.set_config(AllocatorConfig::parse(settings.trim_start_matches(',')).unwrap()).unwrap();
+            }
         }
     }
-    Ok(())
+    Ok(reached)
 }
 
 proptest! {
@@ -113,6 +316,56 @@ proptest! {
     ) {
         check(config, &ops)?;
     }
+
+    #[test]
+    fn the_planned_releases_and_reservations_are_the_mallocs_with_private_pools(
+        config in 0..CONFIGS.len(),
+        ops in prop::collection::vec(pool_op(), 1..160),
+    ) {
+        check(config, &ops)?;
+    }
+
+    #[test]
+    fn the_planned_releases_are_the_mallocs_among_holes_in_pages(
+        config in prop::sample::select(&EXPANDABLE[..]),
+        ops in prop::collection::vec(hole_op(), 1..200),
+    ) {
+        check(config, &ops)?;
+    }
+}
+
+/// The random workloads reach the shapes the plan once declined, and the plan answers there, so
+/// the property above compares it with the malloc in them (a change of the workloads that no
+/// longer reaches one fails here).
+#[test]
+fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut reached = Reached::default();
+    for _ in 0..300 {
+        let (config, ops) =
+            (0..CONFIGS.len(), prop::collection::vec(op(), 1..120)).new_tree(&mut runner).unwrap().current();
+        reached += check(config, &ops).unwrap();
+        let (config, ops) = (prop::sample::select(&EXPANDABLE[..]), prop::collection::vec(hole_op(), 1..200))
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        reached += check(config, &ops).unwrap();
+        let (config, ops) =
+            (0..CONFIGS.len(), prop::collection::vec(pool_op(), 1..160)).new_tree(&mut runner).unwrap().current();
+        reached += check(config, &ops).unwrap();
+    }
+    println!("{reached:?}");
+    assert!(reached.pending_full_release_planned > 0, "{reached:?}");
+    assert!(reached.pending_oom_planned > 0, "{reached:?}");
+    assert!(reached.pieces_planned > 0, "{reached:?}");
+    assert!(reached.partly_planned > 0, "{reached:?}");
+    assert!(reached.gave_back_refused_planned > 0, "{reached:?}");
+    assert!(reached.gave_back_oom_planned > 0, "{reached:?}");
+    assert!(reached.private_planned > 0, "{reached:?}");
+    assert!(reached.routed_planned > 0, "{reached:?}");
+    assert!(reached.private_oom_planned > 0, "{reached:?}");
 }
 
 /// The plan answers for the shapes it was made for, rather than leaving them to a trial.
@@ -159,4 +412,71 @@ fn the_plan_answers_policy_cachalot_without_a_trial() {
         assert_eq!(trial.stats().num_device_free - released, releases, "{size}");
         assert_eq!(trial.memory_reserved(), (48 * MIB).max(8 * MIB + size), "{size}");
     }
+}
+
+/// An oversize release that frees enough to retry, at a failing malloc: expandable segments
+/// switched on at run time meet cached oversize segments from before, which only that release
+/// returns. The retry searches again, where the reservation of the first step (if it made one)
+/// has room; the plan counts that step too, as the malloc makes it.
+#[test]
+fn the_plan_answers_an_oversize_release_that_frees_enough_at_a_failure() {
+    // The first device allocation (102 MiB beside 510) is refused by the device (120 MiB of
+    // pages, 2 MiB free) after it reserved VA, which the retry finds; or, with a fraction of
+    // about 511 MiB, by the fraction before it reserved, and the retry (102 beside 400) reserves.
+    // Routed to a private pool, the chain ends there (no full release), so the retry's own
+    // reservation is the last one made.
+    for (fraction, routed) in [(None, false), (Some(0.999), false), (None, true), (Some(0.999), true)] {
+        let mut allocator =
+            CachingAllocator::new(SimBackend::new(512 * MIB), AllocatorConfig::parse("max_split_size_mb:20").unwrap())
+                .unwrap();
+        if routed {
+            allocator.begin_allocate_to_pool(PoolId(0, 1), PoolFilter::AllStreams).unwrap();
+        }
+        let _kept = allocator.malloc(400 * MIB, StreamId(1)).unwrap();
+        let cached =
+            [allocator.malloc(60 * MIB, StreamId(1)).unwrap(), allocator.malloc(50 * MIB, StreamId(1)).unwrap()];
+        for allocation in cached {
+            allocator.free(allocation).unwrap();
+        }
+        if let Some(fraction) = fraction {
+            allocator.set_memory_fraction(fraction).unwrap();
+        }
+        allocator.set_config(AllocatorConfig::parse("max_split_size_mb:20,expandable_segments:True").unwrap()).unwrap();
+        assert_eq!(allocator.stats().oversize_segments.current, 3);
+        let planned = allocator.reservations_of_failing_malloc(101 * MIB, StreamId(1));
+        let before = allocator.backend().reservations_made();
+        assert!(matches!(allocator.malloc(101 * MIB, StreamId(1)), Err(AllocatorError::OutOfMemory(_))));
+        // Both cached oversize segments went back (60 MiB, then 50 MiB: 110 of the 101 asked).
+        assert_eq!(allocator.stats().oversize_segments.current, 1);
+        let case = format!("fraction {fraction:?}, routed {routed}");
+        assert_eq!(planned, Some(allocator.backend().reservations_made() - before), "{case}");
+        assert_eq!(planned, Some(1), "{case}");
+    }
+}
+
+/// A device allocation that maps pages over a hole, then is refused the rest: the pages it
+/// mapped join the free blocks on both sides into one, which the full release then unmaps at
+/// once (one `segment_unmap` where the two free blocks alone would make two).
+#[test]
+fn the_plan_counts_the_pages_a_refused_allocation_left_mapped() {
+    // 90 MiB: beside 60 mapped, room for the first piece (the 20 MiB hole) but not the second.
+    let mut allocator =
+        CachingAllocator::new(SimBackend::new(90 * MIB), AllocatorConfig::parse("expandable_segments:True").unwrap())
+            .unwrap();
+    let stream = StreamId(1);
+    let _kept = allocator.malloc(20 * MIB, stream).unwrap();
+    let [below, hole, above] = [0; 3].map(|_| allocator.malloc(20 * MIB, stream).unwrap());
+    allocator.free(hole).unwrap();
+    allocator.empty_cache().unwrap();
+    allocator.free(below).unwrap();
+    allocator.free(above).unwrap();
+    // 20 MiB free, the hole, 20 MiB free, then unmapped pages: 100 MiB grows over the hole
+    // (one piece) and on into the unmapped pages after (the second, refused).
+    let free = 90 * MIB - allocator.backend().used();
+    let planned = allocator.releases_of_malloc(100 * MIB, stream, free);
+    let (released, mapped) = (allocator.stats().num_device_free, allocator.stats().num_device_alloc);
+    assert!(matches!(allocator.malloc(100 * MIB, stream), Err(AllocatorError::OutOfMemory(_))));
+    assert_eq!(allocator.stats().num_device_alloc - mapped, 1, "the hole was mapped, then the device refused");
+    assert_eq!(planned, Some(allocator.stats().num_device_free - released));
+    assert_eq!(planned, Some(1));
 }

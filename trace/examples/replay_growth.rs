@@ -3,15 +3,22 @@
 //! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
 //! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
 //! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
-//! the cache itself. The last four also keep as many small blocks live as they have cycles, so
+//! the cache itself. The last nine also keep as many small blocks live as they have cycles, so
 //! that a replay that copied the live state at every release it had to explain would pay for
 //! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
 //! chain releases a cached segment at every malloc (the oversize release, then the full one);
 //! an out-of-memory error at every cycle with expandable segments; and `policy:cachalot` with
-//! pages, whose misses return the cache before each new peak. Each shape runs for `CYCLES`,
+//! pages, whose misses return the cache before each new peak; and an out-of-memory error right
+//! after a deferred free's completion, which the failure's synchronization made (the replay
+//! completes that free before asking what the failure reserves); the OOM of shape 7 beside a
+//! private pool; a malloc whose pages would be mapped in two pieces, the first refused, so that
+//! its full release runs (with an `empty_cache` per cycle); and one refused the second piece
+//! after mapping the first, which its full release then unmaps; and a `policy:cachalot` miss
+//! that gives cached memory back and is still refused. Each shape runs for `CYCLES`,
 //! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
 //! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
-//! first size's. Linear growth is 1, 2, 4; quadratic 1, 4, 16. `SHAPES` (e.g. `5,6,7,8`) picks
+//! first size's, with the replay's trial copies of the live state (`ReplayOutcome::trial_copies`).
+//! Linear growth is 1, 2, 4; quadratic 1, 4, 16. `SHAPES` (e.g. `5,6,7,8`) picks
 //! shapes by number.
 //!
 //! ```sh
@@ -20,8 +27,12 @@
 
 use std::time::Instant;
 
-use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, SimBackend, StreamId};
-use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_core::{
+    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
+    TraceEntry,
+};
+use cachalot_trace::pool_calls::PoolCall;
+use cachalot_trace::replay::{CallKind, ProgramCall, ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
 const USAGE: &str = "usage: replay_growth STREAMS CYCLES [RUNS] [SHAPES]";
@@ -43,6 +54,36 @@ enum Cycle {
     /// stream), then 24 MiB, freed (mapped in that reservation). The next failure's full
     /// release unmaps those pages and releases the reservation.
     Oom,
+    /// A small block freed after use on a side stream still busy, 512 bytes kept (so the
+    /// trace shows the free deferred), then on a new stream a request for the whole device,
+    /// which fails: its full release completes the free and finds nothing to release, so the
+    /// completion comes right before the `oom` entry. Then 20 MiB on that stream, kept (a page
+    /// mapped in the reservation the failure made).
+    OomAfterDeferredFree,
+    /// [`Cycle::Oom`] beside a private pool (a `MemPool` that served one block, then stays
+    /// unused), its calls replayed where the recording made them.
+    OomBesidePool,
+    /// In 20 MiB pages, on a device with 10 MiB to spare: 60 MiB on one stream would grow a free
+    /// page over the unmapped pages on both sides (two pieces); the device refuses the first,
+    /// so the full release unmaps that page and another stream's free 40 MiB, and the retry
+    /// maps the three pages. Then the layout is made again: three 20 MiB blocks there, the
+    /// outer two freed and unmapped by `empty_cache`, the middle one freed, and the other
+    /// stream's 40 MiB allocated and freed.
+    Pieces,
+    /// In 20 MiB pages, with 30 MiB to spare: after a live page, a free page, an unmapped one, a
+    /// free one and unmapped pages on one stream, a free 40 MiB block on another. 100 MiB on
+    /// the first maps the hole (the first piece) and is refused the second, so its full release
+    /// unmaps the free block the hole joined and the other stream's, and the retry maps the
+    /// 100 MiB. Then the layout is made again: three 20 MiB blocks there, the middle one freed
+    /// and unmapped by `empty_cache` with what is left of the 100, the outer two freed, and
+    /// the other stream's 40 MiB allocated and freed.
+    PartlyMapped,
+    /// Under `policy:cachalot` with a fraction of 70 MiB: 40 MiB on stream 1 (rule 4 gives back
+    /// the top of stream 0's cached 60 MiB), freed; then 60 MiB on stream 0, whose miss gives
+    /// back stream 1's 40 MiB and is still refused by the fraction (which counts the whole
+    /// request, not the pages it maps), so its full release unmaps stream 0's free block too;
+    /// freed.
+    GiveBackRefused,
 }
 
 /// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
@@ -56,7 +97,7 @@ struct Shape {
     cycle: Cycle,
 }
 
-const SHAPES: [Shape; 8] = [
+const SHAPES: [Shape; 13] = [
     Shape {
         name: "memory fraction 0.5",
         settings: "",
@@ -126,6 +167,52 @@ const SHAPES: [Shape; 8] = [
         keeps_live: true,
         cycle: Cycle::Churn { empty_cache: false },
     },
+    Shape {
+        name: "live blocks; expandable segments, an OOM right after a deferred free",
+        settings: "expandable_segments:True",
+        fraction: None,
+        // Grown by a 20 MiB page per cycle (below).
+        device: 1 << 30,
+        keeps_live: true,
+        cycle: Cycle::OomAfterDeferredFree,
+    },
+    Shape {
+        name: "live blocks; expandable segments, an OOM every cycle beside a private pool",
+        settings: "expandable_segments:True",
+        fraction: None,
+        device: 1 << 30,
+        keeps_live: true,
+        cycle: Cycle::OomBesidePool,
+    },
+    Shape {
+        name: "live blocks; expandable segments, pages that would be mapped in two pieces",
+        settings: "expandable_segments:True",
+        fraction: None,
+        // The five pages of one stream (two of which, once unmapped, make room for the other
+        // stream's two), 10 MiB to spare, and the live blocks' pages (added below).
+        device: (5 * 20 + 10) * MIB,
+        keeps_live: true,
+        cycle: Cycle::Pieces,
+    },
+    Shape {
+        name: "live blocks; expandable segments, pages left mapped by a refused allocation",
+        settings: "expandable_segments:True",
+        fraction: None,
+        // Three pages of one stream, two of another, 30 MiB to spare (and the live blocks'
+        // pages, added below).
+        device: (3 * 20 + 40 + 30) * MIB,
+        keeps_live: true,
+        cycle: Cycle::PartlyMapped,
+    },
+    Shape {
+        name: "live blocks; policy:cachalot, a give-back still refused by the fraction",
+        settings: "policy:cachalot,expandable_segments:True",
+        // 70 MiB beside the live blocks' pages (set below).
+        fraction: None,
+        device: DEVICE,
+        keeps_live: true,
+        cycle: Cycle::GiveBackRefused,
+    },
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -138,25 +225,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => (1..=SHAPES.len()).collect(),
     };
     println!("{streams} streams; median of {runs} replays; ratio to the first row of each shape");
-    println!("| shape | cycles | entries | replay (s) | ratio |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| shape | cycles | entries | replay (s) | ratio | trial copies |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (number, shape) in SHAPES.iter().enumerate().filter(|(n, _)| picked.contains(&(n + 1))) {
         let mut first = None;
         for factor in [1, 2, 4] {
             let (snapshot, options) = record(shape, streams.max(1), cycles * factor)?;
             let mut times = Vec::with_capacity(runs);
+            let mut copies = 0;
             for _ in 0..runs.max(1) {
                 let started = Instant::now();
                 let outcome = replay(&snapshot, &options, |_, _| {})?;
                 times.push(started.elapsed().as_secs_f64());
                 verify_against_recording(&snapshot, &outcome, None)?;
+                copies = outcome.trial_copies;
             }
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
             let base = *first.get_or_insert(median);
             let entries = snapshot.device_traces.first().map_or(0, Vec::len);
             println!(
-                "| {}. {} | {} | {entries} | {median:.3} | {:.2} |",
+                "| {}. {} | {} | {entries} | {median:.3} | {:.2} | {copies} |",
                 number + 1,
                 shape.name,
                 cycles * factor,
@@ -179,13 +268,18 @@ fn record(
     let live_segments = (live * 512).div_ceil(2 * MIB) * 2 * MIB;
     let device = match shape.cycle {
         // The device holds the live blocks' 2 MiB segments besides.
-        Cycle::Oversize => shape.device + live_segments,
+        Cycle::Oversize | Cycle::Pieces | Cycle::PartlyMapped => shape.device + live_segments,
+        // Each cycle keeps a 20 MiB page mapped.
+        Cycle::OomAfterDeferredFree => shape.device + cycles * 20 * MIB,
         _ => shape.device,
     };
-    // The collector's shape allows 64 MiB beside the live blocks' segments.
-    let fraction = match shape.settings.contains("garbage_collection") && shape.keeps_live {
-        true => Some((live_segments + 64 * MIB) as f64 / device as f64),
-        false => shape.fraction,
+    // The collector's shape allows 64 MiB beside the live blocks' segments, the give-back's 70.
+    let fraction = match shape.cycle {
+        _ if shape.settings.contains("garbage_collection") && shape.keeps_live => {
+            Some((live_segments + 64 * MIB) as f64 / device as f64)
+        }
+        Cycle::GiveBackRefused => Some((live_segments + 70 * MIB) as f64 / device as f64),
+        _ => shape.fraction,
     };
     let mut allocator = CachingAllocator::new(SimBackend::new(device), config.clone())?;
     if let Some(fraction) = fraction {
@@ -197,6 +291,56 @@ fn record(
     let mut kept = Vec::new();
     for _ in 0..live {
         kept.push(allocator.malloc(512, stream(0))?);
+    }
+    // The pool calls, each with the number of entries recorded before it.
+    let mut calls = Vec::new();
+    if matches!(shape.cycle, Cycle::OomBesidePool) {
+        let pool = PoolId(0, 1);
+        let at = |allocator: &CachingAllocator<SimBackend>| allocator.trace_len_total() as usize;
+        calls.push((at(&allocator), PoolCall::Create(pool)));
+        allocator.create_pool(pool)?;
+        calls.push((at(&allocator), PoolCall::Begin(pool, None)));
+        allocator.begin_allocate_to_pool(pool, PoolFilter::AllStreams)?;
+        kept.push(allocator.malloc(2 * MIB, stream(0))?);
+        calls.push((at(&allocator), PoolCall::End(pool)));
+        allocator.end_allocate_to_pool(pool)?;
+    }
+    // The layout of `Cycle::Pieces`: on stream 0, a free page between two unmapped ones; on
+    // stream 1, a free 40 MiB block.
+    let pieces_layout = |allocator: &mut CachingAllocator<SimBackend>| -> Result<(), AllocatorError> {
+        let first = allocator.malloc(20 * MIB, stream(0))?;
+        let middle = allocator.malloc(20 * MIB, stream(0))?;
+        let last = allocator.malloc(20 * MIB, stream(0))?;
+        allocator.free(first)?;
+        allocator.free(last)?;
+        allocator.empty_cache()?;
+        allocator.free(middle)?;
+        let other = allocator.malloc(40 * MIB, stream(1))?;
+        allocator.free(other)
+    };
+    // The layout of `Cycle::PartlyMapped`, after a live page of stream 0.
+    let partly_layout = |allocator: &mut CachingAllocator<SimBackend>| -> Result<(), AllocatorError> {
+        let below = allocator.malloc(20 * MIB, stream(0))?;
+        let hole = allocator.malloc(20 * MIB, stream(0))?;
+        let above = allocator.malloc(20 * MIB, stream(0))?;
+        allocator.free(hole)?;
+        allocator.empty_cache()?;
+        allocator.free(below)?;
+        allocator.free(above)?;
+        let other = allocator.malloc(40 * MIB, stream(1))?;
+        allocator.free(other)
+    };
+    if matches!(shape.cycle, Cycle::PartlyMapped) {
+        kept.push(allocator.malloc(20 * MIB, stream(0))?);
+        partly_layout(&mut allocator)?;
+    }
+    if matches!(shape.cycle, Cycle::Pieces) {
+        // Live pages on both sides of the three, which are freed (merging) and cut again.
+        kept.push(allocator.malloc(20 * MIB, stream(0))?);
+        let three = allocator.malloc(60 * MIB, stream(0))?;
+        kept.push(allocator.malloc(20 * MIB, stream(0))?);
+        allocator.free(three)?;
+        pieces_layout(&mut allocator)?;
     }
     for cycle in 0..cycles {
         match shape.cycle {
@@ -213,7 +357,7 @@ fn record(
                     allocator.free(tensor)?;
                 }
             }
-            Cycle::Oom => {
+            Cycle::Oom | Cycle::OomBesidePool => {
                 match allocator.malloc(device, stream(cycle % streams)) {
                     Err(AllocatorError::OutOfMemory(_)) => {}
                     other => return Err(format!("expected an out-of-memory error, got {other:?}").into()),
@@ -221,15 +365,65 @@ fn record(
                 let tensor = allocator.malloc(TENSOR, stream(cycle % streams))?;
                 allocator.free(tensor)?;
             }
+            Cycle::OomAfterDeferredFree => {
+                let side = StreamId(0x900);
+                let used = allocator.malloc(512, stream(0))?;
+                allocator.backend_mut().hold_stream(side);
+                allocator.record_stream(&used, side)?;
+                allocator.free(used)?;
+                kept.push(allocator.malloc(512, stream(0))?);
+                let new_stream = stream(streams + 1 + cycle);
+                match allocator.malloc(device, new_stream) {
+                    Err(AllocatorError::OutOfMemory(_)) => {}
+                    other => return Err(format!("expected an out-of-memory error, got {other:?}").into()),
+                }
+                // One whole page, so that no free block is left per cycle (each would add to
+                // the walk of the failure's own full release).
+                kept.push(allocator.malloc(20 * MIB, new_stream)?);
+            }
+            Cycle::GiveBackRefused => {
+                for (size, on) in [(40 * MIB, 1), (60 * MIB, 0)] {
+                    let tensor = allocator.malloc(size, stream(on))?;
+                    allocator.free(tensor)?;
+                }
+            }
+            Cycle::PartlyMapped => {
+                let grown = allocator.malloc(100 * MIB, stream(0))?;
+                allocator.free(grown)?;
+                partly_layout(&mut allocator)?;
+            }
+            Cycle::Pieces => {
+                let grown = allocator.malloc(60 * MIB, stream(0))?;
+                allocator.free(grown)?;
+                pieces_layout(&mut allocator)?;
+            }
         }
     }
-    let snapshot = torch::from_allocator(&allocator, None);
+    let mut snapshot = torch::from_allocator(&allocator, None);
+    // Each pool call follows a `snapshot` entry, as `capture_pools.py` records them.
+    let trace = &mut snapshot.device_traces[0];
+    let mut program_calls = Vec::new();
+    for (n, &(before, call)) in calls.iter().enumerate() {
+        let at = before + n;
+        let time_us = trace[at.min(trace.len() - 1)].time_us;
+        let marker = TraceEntry {
+            action: TraceAction::Snapshot,
+            addr: 0,
+            size: 0,
+            stream: StreamId(0),
+            time_us,
+            context: None,
+            annotation: None,
+        };
+        trace.insert(at, marker);
+        program_calls.push(ProgramCall { call: CallKind::Pool(call), at });
+    }
     let options = ReplayOptions {
         config,
         memory_fraction: fraction,
         device_total: device,
         device: 0,
-        calls: None,
+        calls: (!calls.is_empty()).then_some(program_calls),
         record_calls: false,
     };
     Ok((snapshot, options))

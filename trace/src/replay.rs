@@ -591,6 +591,14 @@ pub fn replay_observed(
             TraceAction::Oom => {
                 allocator.backend_mut().set_free_memory_override(Some(e.addr));
                 call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: true });
+                // The malloc's first step, taken before asking what it reserves (the plan takes
+                // the frees still outstanding after it as pending). No event is queried while
+                // allocations are routed to a pool, nor by the malloc then.
+                if allocator.routed_pools().is_empty()
+                    && let Err(error) = allocator.process_events()
+                {
+                    divergences.push(Divergence { index: i, message: format!("event query failed: {error}") });
+                }
                 // The reservations a failing request makes are never mapped by it; the first
                 // one may be by a later request, which shows its address.
                 for address in oom_reservation_addresses(&allocator, trace, &shown, i, &mut trial_copies) {

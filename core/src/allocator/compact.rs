@@ -205,7 +205,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// The page range `give_back_from(id, wanted)` unmaps from the expandable free block `id`
     /// (first page and end, counted from its segment's base, with the page size), or `None`
     /// where the block holds no whole page.
-    fn pages_given_back_from(&self, id: u32, wanted: u64) -> Option<(u64, u64, u64)> {
+    pub(super) fn pages_given_back_from(&self, id: u32, wanted: u64) -> Option<(u64, u64, u64)> {
         let b = &self.blocks[id];
         let (base, page) = self.segment_pages(b.segment);
         let first = (b.ptr - base).div_ceil(page);

@@ -375,6 +375,10 @@ struct ReleasePlan {
     releases: u64,
     /// Device bytes released so far.
     bytes: u64,
+    /// Free expandable blocks `policy:cachalot` gives pages back from: the block, and the first
+    /// and the end address of the pages unmapped (the block's pages below and its partial page
+    /// above stay mapped and free).
+    cuts: Vec<(u32, u64, u64)>,
 }
 
 impl ReleasePlan {
@@ -399,67 +403,88 @@ impl<B: Backend> CachingAllocator<B> {
     /// touch, never the allocated ones, so a replay can ask it at every release it must
     /// explain (`cachalot replay`), where trying the malloc on a copy cost a copy of every live
     /// block. Cross-stream frees still outstanding are taken as not yet completed (call
-    /// [`CachingAllocator::process_events`] first, as the malloc itself would): the steps before
-    /// the full release leave them pending. `None` where the state does not tell without
-    /// trying: the full release (which waits for them) reached while some are outstanding,
-    /// private pools, allocations routed to a pool, expandable pages that the request would
-    /// map in more than one piece, or a `policy:cachalot` miss after which the device might
-    /// still refuse (its return of cached memory before a new peak is planned, with the walk the
-    /// malloc itself takes, only where the miss then surely fits).
+    /// [`CachingAllocator::process_events`] first, as the malloc itself would, unless
+    /// allocations are routed to a pool, when it queries no event): the steps before the full
+    /// release leave them pending, and the full release completes them before it releases, so
+    /// their blocks count with the free blocks they then join. Private pools are planned as the
+    /// malloc takes them: a request routed to one searches, maps and releases oversize blocks
+    /// there, and its chain has no full release; otherwise the full release also empties every
+    /// pool all of whose users released it. Expandable pages are mapped one piece per unmapped
+    /// block the request grows over, and a piece the device refuses leaves those before it
+    /// mapped, free, for the full release to count. `None` where the state does not tell
+    /// without trying: a `policy:cachalot` miss that gives back pages of a free block of its own
+    /// stream large enough for it (which best fit passed over only under `max_split_size_mb`),
+    /// where it may then grow. Rule 4's return of cached memory before a new peak is planned
+    /// with the walk the malloc itself takes; what it leaves (blocks cut below the pages it
+    /// unmapped) is what the later steps find.
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream, true)?;
-        // The full release completes outstanding frees first, which may free more.
-        let pending = self.events.values().any(|q| !q.is_empty());
+        let request = self.request(size, stream);
         if self.plan_hit(&request) {
             return Some(0);
         }
-        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        let gave_back = self.plan_give_backs_before_peak(&request, &mut plan);
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
+        // Rule 4 gives back from free blocks outside the run the miss grows over (its pieces
+        // are as planned before), and its walk is the malloc's own.
+        self.plan_give_backs_before_peak(&request, &mut plan);
+        if self.give_back_opens_room(&request, &plan) {
+            return None;
+        }
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
         }
-        if gave_back {
-            // What rule 4 left is not read off the state: planned only where the miss then
-            // surely fits (its whole `alloc_size`, within the fraction and the device).
-            return self.plan_surely_fits(&request, &plan, device_free).then_some(plan.releases);
-        }
         // The first device allocation served: the common answer, found without counting what
         // the cache could give back (every free block of both pools).
-        let fits = self.plan_fits(&request, &plan, device_free);
-        if fits == Some(true) {
+        let pieces = if request.expandable { self.pieces_to_map(&request) } else { Vec::new() };
+        let (served, mut mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, 0);
+        if served {
             return Some(plan.releases);
         }
-        let (releasable, _) = self.releasable();
-        if (plan.releases == releasable && !pending) || fits? {
+        if !self.routing.is_empty() {
+            // No full release while allocations are routed to a pool (it would synchronize,
+            // which a capture must not): the oversize release is the last step that releases,
+            // whatever the device answers after it.
+            self.plan_oversize_release(&request, &mut plan);
             return Some(plan.releases);
         }
-        if self.plan_oversize_release(&request, &mut plan) && self.plan_fits(&request, &plan, device_free)? {
-            return Some(plan.releases);
+        if self.plan_oversize_release(&request, &mut plan) {
+            let served;
+            (served, mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped);
+            if served {
+                return Some(plan.releases);
+            }
         }
-        (!pending).then_some(releasable)
+        // The full release releases all the cache still holds once the outstanding frees have
+        // completed, the pages the refused allocations mapped included (free, joined to the
+        // block they grew).
+        let grown: Vec<u32> = pieces[..mapped].iter().map(|piece| piece.block).collect();
+        if grown.contains(&NIL) {
+            return None; // a whole new reservation mapped, still too small: never served
+        }
+        Some(plan.releases + self.releasable_after(&grown, &plan).0)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
     /// would make on its way (each step of the retry chain that finds no segment of the stream
     /// and pool with room for the request reserves one, and keeps it), found without making it.
-    /// `None` where the state does not tell (as for [`CachingAllocator::releases_of_malloc`],
-    /// or where the oversize release would free enough to try again).
+    /// `None` where `policy:cachalot` would give back pages of a free block of the request's
+    /// stream large enough for it (passed over by best fit under `max_split_size_mb`), which
+    /// may open room the search did not see before.
     pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
             return Some(0);
         }
-        let request = self.plannable_request(size, stream, false)?;
+        let request = self.request(size, stream);
         if !request.expandable || self.plan_hit(&request) {
             return Some(0);
         }
-        let (_, releasable_bytes) = self.releasable();
-        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0 };
-        if self.plan_give_backs_before_peak(&request, &mut plan) {
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
+        self.plan_give_backs_before_peak(&request, &mut plan);
+        if self.give_back_opens_room(&request, &plan) {
             return None;
         }
         if self.gc_enabled() {
@@ -470,56 +495,70 @@ impl<B: Backend> CachingAllocator<B> {
                 (self.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
             })
         };
+        // Every reservation the chain makes has the same size: it has room for the request in
+        // all, or in none. Pages a failing step maps stay free, in a run it found, so they
+        // change neither which runs have room nor, once the full release has unmapped them
+        // again, the bytes that release leaves reserved.
         let fresh_has_room = size <= self.reservation_size(request.pool);
         let mut made = 0;
-        let mut fresh = false;
         // The first device allocation: a reservation where no segment has room.
         if within_fraction(plan.bytes) && self.expandable_room(&request).is_none() {
             made += 1;
-            fresh = true;
         }
-        if self.plan_oversize_release(&request, &mut plan) {
-            return None;
+        let made_with_room = |made: u64| made > 0 && fresh_has_room;
+        // The retry after an oversize release that freed enough: the same search, where a
+        // reservation the first step made may now have room.
+        if self.plan_oversize_release(&request, &mut plan)
+            && within_fraction(plan.bytes)
+            && !made_with_room(made)
+            && self.expandable_room(&request).is_none()
+        {
+            made += 1;
+        }
+        if !self.routing.is_empty() {
+            return Some(made); // no full release while allocations are routed to a pool
         }
         // The retry after the full release, which unmapped every free page and released every
-        // reservation left with nothing mapped (not one that never had a page mapped).
-        if within_fraction(releasable_bytes) && !(fresh && fresh_has_room) && !self.room_after_release(&request) {
+        // reservation left with nothing mapped (not one that never had a page mapped), beside
+        // the `plan.bytes` the steps before gave back. Rule 4's give-backs change neither which
+        // runs have room once every free page is unmapped nor which reservations are released.
+        let released = plan.bytes + self.releasable_after(&[], &plan).1;
+        if within_fraction(released) && !made_with_room(made) && !self.room_after_release(&request) {
             made += 1;
         }
         Some(made)
     }
 
     /// Whether the VA reservation holding `address`, if any, outlives the full release of a
-    /// failing malloc's retry chain (with no cross-stream frees outstanding): it does unless
-    /// every block in it is free and some page of it mapped, when unmapping its pages leaves
-    /// nothing mapped and it is released.
+    /// failing malloc's retry chain: it does unless every block in it is free once the
+    /// outstanding cross-stream frees have completed (which the release does first) and some
+    /// page of it mapped, when unmapping its pages leaves nothing mapped and it is released.
+    /// In a private pool every user released, the release drops it once every block is free,
+    /// mapped or not; in one still used, it stays. While allocations are routed to a pool the
+    /// chain has no full release: every reservation outlives it.
     pub fn reservation_outlives_release(&self, address: u64) -> bool {
         let Some((_, segment)) =
             self.segments.iter().find(|(_, s)| s.page_size.is_some() && s.base <= address && address - s.base < s.size)
         else {
             return false;
         };
+        if !self.routing.is_empty() {
+            return true;
+        }
+        let private = segment.private != NIL;
+        if private && self.private[segment.private].use_count > 0 {
+            return true;
+        }
         let mut b = segment.head;
         let mut mapped = false;
         while b != NIL {
-            if !self.blocks.is_allocatable(b) {
+            if self.blocks[b].allocated {
                 return true;
             }
             mapped |= self.blocks[b].mapped;
             b = self.blocks[b].next;
         }
-        !mapped
-    }
-
-    /// The request a malloc would make, where the state can tell what it does: no allocations
-    /// routed to a pool, no private pools, and no cross-stream frees outstanding unless
-    /// `pending_allowed`.
-    fn plannable_request(&self, size: u64, stream: StreamId, pending_allowed: bool) -> Option<super::malloc::Request> {
-        let pending = self.events.values().any(|q| !q.is_empty());
-        if !self.routing.is_empty() || self.private.len() != 0 || (pending && !pending_allowed) {
-            return None;
-        }
-        Some(self.request(size, stream))
+        !mapped && !private
     }
 
     /// Whether the malloc would be served from the cache (`policy:cachalot` turns a hit on a
@@ -545,10 +584,15 @@ impl<B: Backend> CachingAllocator<B> {
         self.give_backs_before_peak(request, &mut scratch);
         let give_backs = scratch.plan;
         for give_back in &give_backs {
-            if self.blocks[give_back.block].expandable {
+            let b = &self.blocks[give_back.block];
+            if b.expandable {
                 // Pages at the top of a free block: the block stays (smaller, or unmapped).
                 plan.releases += 1;
                 plan.bytes += give_back.bytes;
+                if let Some((begin, end, page)) = self.pages_given_back_from(give_back.block, give_back.wanted) {
+                    let base = self.segments[b.segment].base;
+                    plan.cuts.push((give_back.block, base + begin * page, base + end * page));
+                }
             } else {
                 plan.release(give_back.block, give_back.bytes);
             }
@@ -556,34 +600,122 @@ impl<B: Backend> CachingAllocator<B> {
         !give_backs.is_empty()
     }
 
-    /// The `segment_free` and `segment_unmap` entries `empty_cache` would record now (with no
-    /// cross-stream frees outstanding and no private pools): every free whole segment and every
-    /// free expandable block holding a whole page, of both default pools.
-    /// Also the device bytes they hold.
-    fn releasable(&self) -> (u64, u64) {
+    /// Whether rule 4's give-backs may open room that the search for the request's pages did
+    /// not see before them: pages given back from a free block of the request's stream and pool
+    /// large enough for it (which best fit passed over only under `max_split_size_mb`) make its
+    /// run, with no unmapped block before, one that `find_expandable_block` considers. Then
+    /// the miss may grow there rather than where the plan's pieces are: not planned.
+    fn give_back_opens_room(&self, request: &super::malloc::Request, plan: &ReleasePlan) -> bool {
+        plan.cuts.iter().any(|&(id, _, _)| {
+            let b = &self.blocks[id];
+            b.stream == request.stream
+                && b.pool == request.pool
+                && self.segments[b.segment].private == request.slot
+                && b.size >= request.size
+        })
+    }
+
+    /// The `segment_free` and `segment_unmap` entries the full release of a malloc's retry
+    /// chain would record once the steps of `plan` have been taken (and `empty_cache` now, for
+    /// an empty plan): every free whole segment and every free expandable block holding a
+    /// whole page, of both default pools and of every private pool all of whose users released
+    /// it (`release_freeable_pools`; a pool still used keeps its memory), less the whole
+    /// segments the plan released, with the pages it gave back from free blocks unmapped (which
+    /// cuts their runs), and with the unmapped blocks `grown` mapped whole (by a device
+    /// allocation refused after them), joined to the free blocks beside them. Also the device
+    /// bytes they hold. Cross-stream frees still outstanding count as completed, as
+    /// `release_cached_blocks` completes them before it releases
+    /// (`synchronize_and_free_events`): each such block merges with the free blocks beside it,
+    /// and the run they make is what is released.
+    fn releasable_after(&self, grown: &[u32], plan: &ReleasePlan) -> (u64, u64) {
+        let pending = self.frees_pending();
+        // Whether runs of free blocks may be longer than one block, or cut.
+        let joined = pending || !grown.is_empty() || !plan.cuts.is_empty();
+        let merges = |id: u32| self.merges_after_sync(id) || grown.contains(&id);
+        let cut_of = |id: u32| plan.cuts.iter().find(|cut| cut.0 == id).map(|&(_, begin, end)| (begin, end));
+        let freeable = self.private.iter().filter(|(_, p)| p.use_count == 0).map(|(slot, _)| slot);
+        let mut candidates = Vec::new();
+        for slot in std::iter::once(NIL).chain(freeable) {
+            for kind in [PoolKind::Large, PoolKind::Small] {
+                candidates.extend(self.pool(slot, kind).free.to_vec());
+            }
+            if pending {
+                candidates.extend(self.pending_blocks(slot));
+            }
+        }
+        candidates.extend_from_slice(grown);
+        candidates.retain(|id| !plan.gone.contains(id));
+        if joined {
+            // A block waiting for several events is listed once per event.
+            candidates.sort_unstable();
+            candidates.dedup();
+        }
         let (mut count, mut bytes) = (0, 0);
-        for pool in [&self.large, &self.small] {
-            for id in pool.free.to_vec() {
-                let b = &self.blocks[id];
-                let released = if b.expandable {
-                    let (base, page) = self.segment_pages(b.segment);
-                    let (begin, end) = ((b.ptr - base).div_ceil(page), (b.ptr + b.size - base) / page);
-                    end.saturating_sub(begin) * page
-                } else if b.is_split() {
-                    0
-                } else {
-                    b.size
-                };
+        for id in candidates {
+            let b = &self.blocks[id];
+            // Otherwise every free block is already all of its run.
+            if joined && b.prev != NIL && merges(b.prev) {
+                continue; // within a run counted from its first block
+            }
+            let (base, page) = self.segment_pages(b.segment);
+            // The whole pages of the mapped range [begin, end), which one unmap releases.
+            let mut count_pages = |begin: u64, end: u64| {
+                let released = ((end - base) / page).saturating_sub((begin - base).div_ceil(page)) * page;
                 count += u64::from(released > 0);
                 bytes += released;
+            };
+            // The run's blocks, a range of them cut off at each block pages were given back
+            // from: what is below those pages ends one range, what is above starts the next.
+            let (mut begin, mut last) = (b.ptr, id);
+            loop {
+                if let Some((cut, top)) = cut_of(last) {
+                    count_pages(begin, cut);
+                    begin = top;
+                }
+                let next = self.blocks[last].next;
+                if !(joined && next != NIL && merges(next)) {
+                    break;
+                }
+                last = next;
+            }
+            let (end, after) = (self.blocks[last].ptr + self.blocks[last].size, self.blocks[last].next);
+            if b.expandable {
+                count_pages(begin, end);
+            } else if b.prev == NIL && after == NIL {
+                // Ordinary segments are released whole, when all of one is free.
+                count += 1;
+                bytes += end - b.ptr;
             }
         }
         (count, bytes)
     }
 
+    /// Whether a cross-stream free is still outstanding: its block waits for events.
+    fn frees_pending(&self) -> bool {
+        self.events.values().any(|q| !q.is_empty())
+    }
+
+    /// The blocks of pool `slot` whose free waits for events (once per event), which the full
+    /// release's synchronization completes.
+    fn pending_blocks(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
+        self.events
+            .values()
+            .flatten()
+            .map(|&(_, id)| id)
+            .filter(move |&id| self.segments[self.blocks[id].segment].private == slot)
+    }
+
+    /// Whether block `id` is a free mapped block once outstanding frees have completed: free
+    /// now, or freed and waiting only for events. Such neighbours are merged by then.
+    fn merges_after_sync(&self, id: u32) -> bool {
+        let b = &self.blocks[id];
+        !b.allocated && b.mapped
+    }
+
     /// Whether a segment of the request's stream and pool would have room for it once the full
-    /// release has unmapped every free page: a run of free and unmapped blocks holding a whole
-    /// page and the request's bytes, in a reservation the release keeps.
+    /// release has completed the outstanding frees and unmapped every free page: a run of free
+    /// and unmapped blocks holding an unmapped page and the request's bytes, in a reservation
+    /// the release keeps.
     fn room_after_release(&self, request: &super::malloc::Request) -> bool {
         let (stream, size) = (request.stream, request.size);
         let pool = self.pool(request.slot, request.pool);
@@ -595,28 +727,41 @@ impl<B: Backend> CachingAllocator<B> {
             }
             cursor = pool.free.successor(&self.blocks, id);
         }
+        seeds.extend(self.pending_blocks(request.slot).filter(|&id| {
+            let b = &self.blocks[id];
+            b.expandable && b.stream == stream && b.pool == request.pool
+        }));
+        // Free once the outstanding frees have completed.
+        let free = |id: u32| !self.blocks[id].allocated;
         let mut seen = std::collections::HashSet::new();
         for seed in seeds {
             let mut start = seed;
-            while self.blocks[start].prev != NIL && self.blocks.is_allocatable(self.blocks[start].prev) {
+            while self.blocks[start].prev != NIL && free(self.blocks[start].prev) {
                 start = self.blocks[start].prev;
             }
             if !seen.insert(start) {
                 continue;
             }
+            let (base, page) = self.segment_pages(self.blocks[start].segment);
+            let holds_page = |(begin, end): (u64, u64)| (begin - base).div_ceil(page) < (end - base) / page;
+            // Whether an unmapped page is left after the release: an unmapped block, or a whole
+            // page within a run of mapped blocks (merged by then, and unmapped).
             let (mut b, mut bytes, mut whole_page, mut mapped) = (start, 0u64, false, false);
-            while b != NIL && self.blocks.is_allocatable(b) {
+            let mut piece: Option<(u64, u64)> = None;
+            while b != NIL && free(b) {
                 let block = &self.blocks[b];
                 bytes += block.size;
                 if block.mapped {
                     mapped = true;
-                    let (base, page) = self.segment_pages(block.segment);
-                    whole_page |= (block.ptr - base).div_ceil(page) < (block.ptr + block.size - base) / page;
+                    let end = block.ptr + block.size;
+                    piece = Some(piece.map_or((block.ptr, end), |(begin, _)| (begin, end)));
                 } else {
                     whole_page = true;
+                    piece = None;
                 }
                 b = block.next;
             }
+            whole_page |= piece.is_some_and(holds_page);
             // A run reaching both ends of its segment is all of it: released if mapped.
             let kept = self.blocks[start].prev != NIL || b != NIL || !mapped;
             if kept && whole_page && bytes >= size {
@@ -636,7 +781,10 @@ impl<B: Backend> CachingAllocator<B> {
             return;
         }
         let target = total - threshold;
-        let clock = self.large.free_blocks_call_count + i64::from(request.pool == PoolKind::Large);
+        // The request's search ticks its own pool's clock: the default large pool's only if
+        // the request is served there.
+        let served_here = request.pool == PoolKind::Large && request.slot == NIL;
+        let clock = self.large.free_blocks_call_count + i64::from(served_here);
         let age = |id: u32| clock - self.blocks.cold(id).gc_count_base;
         let candidates: Vec<u32> = self
             .large
@@ -708,57 +856,85 @@ impl<B: Backend> CachingAllocator<B> {
         released >= key_size
     }
 
-    /// Whether `alloc_block` would succeed after the planned releases: the fraction's
-    /// allowance, then the device's room for a new segment or for the pages to map. `None`
-    /// where expandable pages would be mapped in more than one piece.
-    fn plan_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> Option<bool> {
-        let total = self.total_allocated_memory - plan.bytes;
+    /// Whether `alloc_block` would serve the request after the planned releases, and how many
+    /// of `pieces` (the expandable pages it maps, [`Self::pieces_to_map`]) are mapped then,
+    /// `mapped` of them by refused allocations before: the fraction's allowance (over the
+    /// device bytes those hold too), then the device's room for a new segment, or for each
+    /// piece in turn. A refused piece leaves those before it mapped.
+    fn plan_device_allocation(
+        &self,
+        request: &super::malloc::Request,
+        plan: &ReleasePlan,
+        device_free: u64,
+        pieces: &[Piece],
+        mapped: usize,
+    ) -> (bool, usize) {
+        let mapped_bytes: u64 = pieces[..mapped].iter().map(|piece| piece.bytes).sum();
+        let total = self.total_allocated_memory + mapped_bytes - plan.bytes;
         if let Some(allowed) = self.allowed_memory_maximum
             && total.saturating_add(request.alloc_size) > allowed
         {
-            return Some(false);
+            return (false, mapped);
         }
-        let needed = if request.expandable { self.pages_to_map(request)? } else { request.alloc_size };
-        Some(needed <= device_free.saturating_add(plan.bytes))
+        // The device's free bytes, less what the pieces mapped before took.
+        let mut room = device_free.saturating_add(plan.bytes) - mapped_bytes;
+        if !request.expandable {
+            return (request.alloc_size <= room, mapped);
+        }
+        let mut now = mapped;
+        while let Some(piece) = pieces.get(now).filter(|piece| piece.bytes <= room) {
+            room -= piece.bytes;
+            now += 1;
+        }
+        (now == pieces.len(), now)
     }
 
-    /// Whether `alloc_block` succeeds after the planned releases whatever it maps: the
-    /// request's whole `alloc_size` fits within the fraction and on the device.
-    fn plan_surely_fits(&self, request: &super::malloc::Request, plan: &ReleasePlan, device_free: u64) -> bool {
-        let total = self.total_allocated_memory - plan.bytes;
-        self.allowed_memory_maximum.is_none_or(|allowed| total.saturating_add(request.alloc_size) <= allowed)
-            && request.alloc_size <= device_free.saturating_add(plan.bytes)
-    }
-
-    /// The bytes `try_allocate_expandable_block` would map for `request`, read off the state;
-    /// `None` where it would map more than one piece.
-    fn pages_to_map(&self, request: &super::malloc::Request) -> Option<u64> {
+    /// The pieces `try_allocate_expandable_block` would map for `request`, in order, read off
+    /// the state: one per unmapped block of the run `find_expandable_block` chooses (each but
+    /// the last mapped whole), until the free block grown from there holds the request; or the
+    /// first pages of a new reservation ([`NIL`]), all of it where it is smaller than the
+    /// request (which no second piece then completes: one of all the device's bytes stands
+    /// for it).
+    fn pieces_to_map(&self, request: &super::malloc::Request) -> Vec<Piece> {
         let size = request.size;
         let Some(start) = self.expandable_room(request) else {
-            // A new reservation, whose first pages are mapped.
-            let page = self.expandable_page_size(request.pool);
-            return (size <= self.reservation_size(request.pool)).then(|| size.div_ceil(page) * page);
+            let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
+            return match size <= reserved {
+                true => vec![Piece { block: NIL, bytes: size.div_ceil(page) * page }],
+                false => vec![Piece { block: NIL, bytes: reserved }, Piece { block: NIL, bytes: u64::MAX }],
+            };
         };
-        // One piece: the candidate itself when unmapped, else the unmapped block after it.
-        let (mapped_before, piece) = match self.blocks[start].mapped {
+        // The free block grown so far, and the unmapped block after it: the candidate itself
+        // when unmapped, else the one after it (the run alternates free and unmapped blocks).
+        let (mut have, mut cursor) = match self.blocks[start].mapped {
             false => (0, start),
             true => (self.blocks[start].size, self.blocks[start].next),
         };
-        if mapped_before >= size {
-            return Some(0);
+        let mut pieces = Vec::new();
+        while have < size {
+            let b = &self.blocks[cursor];
+            debug_assert!(!b.mapped && self.blocks.is_allocatable(cursor), "the run offers the request's bytes");
+            let to_map = (size - have).min(b.size);
+            let (base, page) = self.segment_pages(b.segment);
+            let bytes = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
+            pieces.push(Piece { block: cursor, bytes });
+            have += bytes;
+            // Wholly mapped, the piece joins the free block after it.
+            cursor = b.next;
+            if bytes == b.size && cursor != NIL && self.blocks[cursor].mapped && self.blocks.is_allocatable(cursor) {
+                have += self.blocks[cursor].size;
+                cursor = self.blocks[cursor].next;
+            }
         }
-        let b = &self.blocks[piece];
-        let to_map = (size - mapped_before).min(b.size);
-        let (base, page) = self.segment_pages(b.segment);
-        let mapped = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
-        // After the mapping, the piece joins the free block before it and, if wholly mapped,
-        // the free block after it.
-        let after =
-            if mapped == b.size && b.next != NIL && self.blocks[b.next].mapped && self.blocks.is_allocatable(b.next) {
-                self.blocks[b.next].size
-            } else {
-                0
-            };
-        (mapped_before + mapped + after >= size).then_some(mapped)
+        pieces
     }
+}
+
+/// One piece of the pages a malloc maps ([`CachingAllocator::pieces_to_map`]).
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    /// The unmapped block mapped from its start ([`NIL`]: a new reservation's).
+    block: u32,
+    /// Bytes mapped.
+    bytes: u64,
 }
