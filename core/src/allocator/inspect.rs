@@ -580,7 +580,9 @@ impl<B: Backend> CachingAllocator<B> {
         if self.config.policy() != crate::config::Policy::Cachalot {
             return false;
         }
-        let give_backs = self.give_backs_before_peak(request);
+        let mut scratch = super::compact::GiveBackScratch::default();
+        self.give_backs_before_peak(request, &mut scratch);
+        let give_backs = scratch.plan;
         for give_back in &give_backs {
             let b = &self.blocks[give_back.block];
             if b.expandable {
