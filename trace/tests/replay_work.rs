@@ -8,12 +8,9 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::{
-    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
-    TraceEntry,
-};
+use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId};
 use cachalot_trace::pool_calls::PoolCall;
-use cachalot_trace::replay::{CallKind, ProgramCall, ReplayOptions, replay, verify_against_recording};
+use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
 mod common;
@@ -231,23 +228,7 @@ fn replay_shape_with(
     assert_eq!(pooled.is_some(), private_pool);
     let mut snapshot = torch::from_allocator(&allocator, None);
     // Each call follows a `snapshot` entry, as `capture_pools.py` records them.
-    let trace = &mut snapshot.device_traces[0];
-    let mut program_calls = Vec::new();
-    for (n, &(before, call)) in calls.iter().enumerate() {
-        let at = before + n;
-        let time_us = trace[at.min(trace.len() - 1)].time_us;
-        let marker = TraceEntry {
-            action: TraceAction::Snapshot,
-            addr: 0,
-            size: 0,
-            stream: StreamId(0),
-            time_us,
-            context: None,
-            annotation: None,
-        };
-        trace.insert(at, marker);
-        program_calls.push(ProgramCall { call: CallKind::Pool(call), at });
-    }
+    let program_calls = cachalot_trace::pool_calls::record_calls(&mut snapshot.device_traces[0], &calls);
     let options = ReplayOptions {
         config,
         memory_fraction: fraction,
