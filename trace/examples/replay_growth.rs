@@ -398,7 +398,7 @@ fn record(
     }
     let mut snapshot = torch::from_allocator(&allocator, None);
     // Each pool call follows a `snapshot` entry, as `capture_pools.py` records them.
-    let program_calls = cachalot_trace::pool_calls::record_calls(&mut snapshot.device_traces[0], &calls);
+    let program_calls = cachalot_trace::replay::record_pool_calls(&mut snapshot.device_traces[0], &calls);
     let options = ReplayOptions {
         config,
         memory_fraction: fraction,

@@ -76,6 +76,32 @@ pub enum CallKind {
     Pool(PoolCall),
 }
 
+/// Writes pool calls into `trace` where a capture records them, and returns the replay's list
+/// of them. Each call of `calls` comes with the length the trace had when it was made; it is
+/// recorded after a `snapshot` entry inserted there, as `capture_pools.py` records a program's
+/// calls. For traces made in code (tests, the replay benchmarks) by an allocator whose pool
+/// calls were made beside it.
+pub fn record_pool_calls(trace: &mut Vec<TraceEntry>, calls: &[(usize, PoolCall)]) -> Vec<ProgramCall> {
+    let mut program_calls = Vec::with_capacity(calls.len());
+    for (n, &(before, call)) in calls.iter().enumerate() {
+        // Each marker inserted before this one shifts the call's place by one.
+        let at = before + n;
+        let time_us = trace.get(at.min(trace.len().saturating_sub(1))).map_or(0, |entry| entry.time_us);
+        let marker = TraceEntry {
+            action: TraceAction::Snapshot,
+            addr: 0,
+            size: 0,
+            stream: StreamId(0),
+            time_us,
+            context: None,
+            annotation: None,
+        };
+        trace.insert(at.min(trace.len()), marker);
+        program_calls.push(ProgramCall { call: CallKind::Pool(call), at });
+    }
+    program_calls
+}
+
 impl CallKind {
     /// The call's name in `expected.json`, PyTorch's function name.
     pub fn parse(name: &str) -> Option<Self> {
