@@ -121,10 +121,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// Rule 4's choice, made without giving anything back: the free blocks a miss for
     /// `request` gives back from, in order, with what each gives, in `scratch.plan` (cleared
     /// first). Empty below the peak. Read only, so that the replay's plan of a malloc
-    /// (`inspect.rs`) and the malloc itself take the same blocks. The walk visits the blocks it gives back from, plus one per stream,
-    /// never every free block; giving back from a block changes neither the blocks the walk
-    /// has still to visit nor their order (a block's kept pages, split off below it, are only
-    /// made when its pages cover what is left, which ends the walk).
+    /// (`inspect.rs`) and the malloc itself take the same blocks. The walk visits the blocks it
+    /// gives back from, plus one per stream, never every free block; giving back from a block
+    /// changes neither the blocks the walk has still to visit nor their order (a block's kept
+    /// pages, split off below it, are only made when its pages cover what is left, which ends
+    /// the walk).
     pub(super) fn give_backs_before_peak(&self, request: &Request, scratch: &mut GiveBackScratch) {
         let GiveBackScratch { plan, cursors } = scratch;
         plan.clear();
