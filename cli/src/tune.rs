@@ -194,6 +194,13 @@ fn print_own_policy(own: &Candidate, best: &Candidate) {
         own.device_calls(),
         best.device_calls()
     );
+    if own.device_calls() > best.device_calls() {
+        // What the extra calls mean on a GPU, where each is driver work per page moved.
+        println!(
+            "  on a GPU each map or unmap costs driver calls per 2 MiB page (about 57 us a page on an H100): \
+             weigh them if the job repeats its steps (docs/allocator-rules.md §24)"
+        );
+    }
 }
 
 /// The line to paste and what it saves against the trace's own settings.

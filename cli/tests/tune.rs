@@ -140,6 +140,10 @@ fn own_policy_is_set_beside_the_ranking_not_in_it() {
     let out = cachalot(&["tune", "--own-policy", "--top", "1", &multistream]);
     let table = text(&out.stdout);
     assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+    // It makes more device calls than PyTorch's best here, and says what they cost on a GPU.
+    let calls = |c: &Value| c["device_allocs"].as_u64().unwrap() + c["device_frees"].as_u64().unwrap();
+    assert!(calls(own) > calls(&tuning["winner"]), "{tuning}");
+    assert!(table.contains("on a GPU each map or unmap costs driver calls per 2 MiB page"), "{table}");
     assert!(tune_json(&[&multistream]).get("own_policy").is_none_or(Value::is_null));
 }
 
