@@ -3,13 +3,16 @@
 //! that a replay need not try it on a copy. Here each answer is checked against the malloc
 //! itself, made on a copy, at every malloc of random workloads over the configurations whose
 //! steps it plans: the garbage collector, the oversize and the full release of the retry chain,
-//! expandable segments, `policy:cachalot` (its return of cached memory before a new peak), on
-//! devices small enough to refuse.
+//! expandable segments, `policy:cachalot` (its return of cached memory before a new peak, and
+//! with `max_split_size_mb` the room that return may open in a free block of the request's own
+//! stream), on devices small enough to refuse.
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
+use cachalot_core::size::PoolKind;
 use cachalot_core::{
-    AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId, TraceAction,
+    AllocatorConfig, AllocatorError, BlockState, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId,
+    TraceAction,
 };
 use proptest::prelude::*;
 
@@ -89,11 +92,32 @@ fn hole_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Steps that make `policy:cachalot` under `max_split_size_mb` give back pages from a free block
+/// of the request's own stream large enough for it: blocks above `max_split_size` made and freed
+/// on one stream between live ones, requests below it on that stream (which best fit passes
+/// over the oversize free blocks), at a peak kept by freeing rather than emptying the cache;
+/// another stream's blocks for rule 4 to weigh against them, and requests near the device's
+/// size for refusals.
+fn corner_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop_oneof![(1u64 << 20)..(20 << 20), 1u64..(1 << 20)], prop::sample::select(&[0u64, 0, 0, 1][..]))
+            .prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        3 => ((20u64 << 20)..(100 << 20)).prop_map(|size| Op::Malloc { size, stream: 0 }),
+        1 => ((200u64 << 20)..(420 << 20), 0u64..2).prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        4 => (any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(pick, deferred)| Op::Free { pick, deferred }),
+        1 => Just(Op::FinishSideStream),
+        1 => prop::bool::weighted(0.3).prop_map(|empty| if empty { Op::EmptyCache } else { Op::FinishSideStream }),
+    ]
+}
+
 /// The configurations of [`CONFIGS`] with expandable segments.
 const EXPANDABLE: [usize; 2] = [4, 5];
 
+/// The configurations of [`CONFIGS`] where `policy:cachalot` meets `max_split_size_mb`.
+const CORNER: [usize; 3] = [8, 9, 10];
+
 /// Settings, memory fraction and device size of the configurations checked.
-const CONFIGS: [(&str, Option<f64>, u64); 9] = [
+const CONFIGS: [(&str, Option<f64>, u64); 11] = [
     ("", None, 512 * MIB),
     ("garbage_collection_threshold:0.5", Some(0.6), 1024 * MIB),
     ("max_split_size_mb:20", None, 400 * MIB),
@@ -103,6 +127,8 @@ const CONFIGS: [(&str, Option<f64>, u64); 9] = [
     ("policy:cachalot", None, 512 * MIB),
     ("policy:cachalot,garbage_collection_threshold:0.5", Some(0.7), 1024 * MIB),
     ("policy:cachalot,max_split_size_mb:20", Some(0.9), 512 * MIB),
+    ("policy:cachalot,max_split_size_mb:20,expandable_segments:True", None, 512 * MIB),
+    ("policy:cachalot,max_split_size_mb:40,expandable_segments:True", Some(0.8), 384 * MIB),
 ];
 
 /// How often a workload reached the shapes the plan once left to a trial, and how often the
@@ -147,6 +173,18 @@ struct Reached {
     private_oom: usize,
     /// ... where `reservations_of_failing_malloc` answered.
     private_oom_planned: usize,
+    /// A `policy:cachalot` miss that gave back pages of a free block of its own stream and pool
+    /// large enough for it (passed over by best fit under `max_split_size_mb`), whose run
+    /// `find_expandable_block` may then take. (Such a miss hardly ever fails: the block it gave
+    /// back from holds the request, so the full release leaves the device room for it; none
+    /// failed in these workloads, so its reservations are checked where other mallocs fail.)
+    corner: usize,
+    /// ... where `releases_of_malloc` answered.
+    corner_planned: usize,
+    /// ... and the malloc was served in what was left of that block.
+    corner_grown: usize,
+    /// ... where `releases_of_malloc` answered.
+    corner_grown_planned: usize,
 }
 
 impl std::ops::AddAssign for Reached {
@@ -169,6 +207,10 @@ impl std::ops::AddAssign for Reached {
         self.routed_planned += other.routed_planned;
         self.private_oom += other.private_oom;
         self.private_oom_planned += other.private_oom_planned;
+        self.corner += other.corner;
+        self.corner_planned += other.corner_planned;
+        self.corner_grown += other.corner_grown;
+        self.corner_grown_planned += other.corner_grown_planned;
     }
 }
 
@@ -210,6 +252,12 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                     stats.num_sync_all_streams,
                     stats.num_device_alloc,
                 );
+                // Where the corner can be: the free block of the request's own stream and pool, large
+                // enough for it, that rule 4 gives back pages from.
+                let corner = match settings.contains("max_split_size_mb") && settings.contains("policy:cachalot") {
+                    true => block_given_back_that_holds(&allocator, size, stream),
+                    false => None,
+                };
                 let entries_before = allocator.trace_len_total();
                 let result = allocator.malloc(size, stream);
                 // Pages mapped, then unmapped by the full release: a refused piece left them.
@@ -224,6 +272,17 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 if allocator.stats().num_device_alloc >= mapped_before + 2 && settings.contains("expandable") {
                     reached.pieces += 1;
                     reached.pieces_planned += usize::from(releases.is_some());
+                }
+                if let Some(block) = corner {
+                    reached.corner += 1;
+                    reached.corner_planned += usize::from(releases.is_some());
+                    if let Ok(allocation) = &result
+                        && block.0 <= allocation.address()
+                        && allocation.address() < block.1
+                    {
+                        reached.corner_grown += 1;
+                        reached.corner_grown_planned += usize::from(releases.is_some());
+                    }
                 }
                 let released = allocator.stats().num_device_free - released_before;
                 if let Some(planned) = releases {
@@ -306,6 +365,46 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
     Ok(reached)
 }
 
+/// The free block (first and end address) of the default pools that a `policy:cachalot`
+/// malloc of `size` bytes on `stream` would give pages back from before its miss (rule 4), if
+/// it is one of the request's own stream and pool at least as large as the request (which best
+/// fit passed over only under `max_split_size_mb`). Told by the malloc itself, made on a copy
+/// whose device and fraction refuse nothing: rule 4's give-backs are then all the pages it
+/// unmaps (a refusal's full release unmaps pages too).
+fn block_given_back_that_holds(
+    allocator: &CachingAllocator<SimBackend>,
+    size: u64,
+    stream: StreamId,
+) -> Option<(u64, u64)> {
+    let rounded = size.div_ceil(512) * 512;
+    if !allocator.routed_pools().is_empty() {
+        return None;
+    }
+    let blocks: Vec<(u64, u64)> = allocator
+        .snapshot()
+        .iter()
+        .filter(|s| s.stream == stream && s.pool == PoolKind::for_size(rounded) && s.pool_id == PoolId::DEFAULT)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::Inactive && b.size >= rounded)
+        .map(|b| (b.address, b.address + b.size))
+        .collect();
+    if blocks.is_empty() {
+        return None;
+    }
+    let mut copy = allocator.trial_copy(allocator.backend().trial_copy());
+    copy.backend_mut().set_free_memory_override(Some(1 << 50));
+    copy.set_memory_fraction(1.0).unwrap();
+    copy.record_history(true, usize::MAX, &[], false);
+    let synced = copy.stats().num_sync_all_streams;
+    // A request larger than a reservation fails on any device.
+    if copy.malloc(size, stream).is_err() || copy.stats().num_sync_all_streams > synced {
+        return None;
+    }
+    let unmaps: Vec<u64> =
+        copy.trace_since(0).iter().filter(|e| e.action == TraceAction::SegmentUnmap).map(|e| e.addr).collect();
+    blocks.into_iter().find(|&(begin, end)| unmaps.iter().any(|&at| begin <= at && at < end))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -332,6 +431,14 @@ proptest! {
     ) {
         check(config, &ops)?;
     }
+
+    #[test]
+    fn the_planned_releases_are_the_mallocs_where_a_give_back_opens_room(
+        config in prop::sample::select(&CORNER[..]),
+        ops in prop::collection::vec(corner_op(), 1..160),
+    ) {
+        check(config, &ops)?;
+    }
 }
 
 /// The random workloads reach the shapes the plan once declined, and the plan answers there, so
@@ -355,6 +462,11 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
         let (config, ops) =
             (0..CONFIGS.len(), prop::collection::vec(pool_op(), 1..160)).new_tree(&mut runner).unwrap().current();
         reached += check(config, &ops).unwrap();
+        let (config, ops) = (prop::sample::select(&CORNER[..]), prop::collection::vec(corner_op(), 1..160))
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        reached += check(config, &ops).unwrap();
     }
     println!("{reached:?}");
     assert!(reached.pending_full_release_planned > 0, "{reached:?}");
@@ -366,6 +478,8 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
     assert!(reached.private_planned > 0, "{reached:?}");
     assert!(reached.routed_planned > 0, "{reached:?}");
     assert!(reached.private_oom_planned > 0, "{reached:?}");
+    assert!(reached.corner_planned > 0, "{reached:?}");
+    assert!(reached.corner_grown_planned > 0, "{reached:?}");
 }
 
 /// The plan answers for the shapes it was made for, rather than leaving them to a trial.
@@ -479,4 +593,48 @@ fn the_plan_counts_the_pages_a_refused_allocation_left_mapped() {
     assert_eq!(allocator.stats().num_device_alloc - mapped, 1, "the hole was mapped, then the device refused");
     assert_eq!(planned, Some(allocator.stats().num_device_free - released));
     assert_eq!(planned, Some(1));
+}
+
+/// Under `policy:cachalot` with `max_split_size_mb`, a miss below `max_split_size` passes over an
+/// oversize free block of its own stream (30 MiB between live blocks) and, at the peak, gives
+/// back the top pages of that block first (rule 4: it is the largest free block, and outside
+/// the run the miss planned to grow over, the stream's unmapped pages above). The block's pages
+/// kept and the pages given back then make a run that `find_expandable_block` visits first, so
+/// the miss grows there: with 10 MiB from the 20 MiB kept (mapping nothing), with 16 MiB by
+/// mapping one page of the 16 given back (14 kept), with 19.5 MiB by mapping again 20 of the
+/// 20 MiB of a block given back whole. The plan reads that off the blocks the give-backs leave
+/// (the plan once left it to a trial).
+#[test]
+fn the_plan_answers_a_miss_that_grows_into_the_block_it_gave_back_from() {
+    // The request, the oversize block, the pages the miss maps, the memory reserved after it.
+    for (size, block, maps, reserved) in [
+        (10 * MIB, 30 * MIB, 0, 28 * MIB),
+        (16 * MIB, 30 * MIB, 2 * MIB, 24 * MIB),
+        (19 * MIB + MIB / 2, 20 * MIB, 20 * MIB, 28 * MIB),
+    ] {
+        let config = AllocatorConfig::parse("policy:cachalot,max_split_size_mb:20,expandable_segments:True").unwrap();
+        let mut allocator = CachingAllocator::new(SimBackend::new(512 * MIB), config).unwrap();
+        let stream = StreamId(1);
+        let _below = allocator.malloc(4 * MIB, stream).unwrap();
+        let oversize = allocator.malloc(block, stream).unwrap();
+        let _above = allocator.malloc(4 * MIB, stream).unwrap();
+        let address = oversize.address();
+        allocator.free(oversize).unwrap();
+        let peak = allocator.memory_reserved();
+        assert_eq!(allocator.stats().max_memory_reserved(), peak);
+        let free = 512 * MIB - allocator.backend().used();
+        let planned = allocator.releases_of_malloc(size, stream, free);
+        let reservations = allocator.reservations_of_failing_malloc(size, stream);
+        let mut trial = allocator.trial_copy(allocator.backend().trial_copy());
+        let (released, mapped) = (trial.stats().num_device_free, trial.stats().num_device_alloc);
+        let allocation = trial.malloc(size, stream).unwrap();
+        assert_eq!(allocation.address(), address, "{size}: the miss grew into the block it gave back from");
+        assert_eq!(trial.stats().num_device_free - released, 1, "{size}: one unmap");
+        assert_eq!(trial.stats().num_device_alloc - mapped, u64::from(maps > 0), "{size}");
+        assert_eq!(trial.memory_reserved(), reserved, "{size}");
+        trial.check_consistency().unwrap();
+        assert_eq!(planned, Some(1), "{size}");
+        // The miss has room in the stream's reservation: no new one, were it to fail.
+        assert_eq!(reservations, Some(0), "{size}");
+    }
 }

@@ -3,7 +3,7 @@
 //! across `STREAMS` streams (a 24 MiB tensor allocated on the next stream, freed, and its memory
 //! released by `empty_cache`, or by the next malloc in the tight shape) under a memory fraction,
 //! the garbage collector, expandable segments, and a fraction so tight that each malloc releases
-//! the cache itself. The last nine also keep as many small blocks live as they have cycles, so
+//! the cache itself. The last ten also keep as many small blocks live as they have cycles, so
 //! that a replay that copied the live state at every release it had to explain would pay for
 //! them each time (quadratic time): the garbage collector releasing a segment at every malloc; a full device whose retry
 //! chain releases a cached segment at every malloc (the oversize release, then the full one);
@@ -14,7 +14,9 @@
 //! private pool; a malloc whose pages would be mapped in two pieces, the first refused, so that
 //! its full release runs (with an `empty_cache` per cycle); and one refused the second piece
 //! after mapping the first, which its full release then unmaps; and a `policy:cachalot` miss
-//! that gives cached memory back and is still refused. Each shape runs for `CYCLES`,
+//! that gives cached memory back and is still refused; and one under `max_split_size_mb` that
+//! gives back pages of a free block of its own stream and grows into what is left of it. Each
+//! shape runs for `CYCLES`,
 //! 2 × `CYCLES` and 4 × `CYCLES` cycles; each trace is replayed and checked against its
 //! recording, and the table gives the median replay time of `RUNS` runs and its ratio to the
 //! first size's, with the replay's trial copies of the live state (`ReplayOutcome::trial_copies`).
@@ -81,6 +83,12 @@ enum Cycle {
     /// request, not the pages it maps), so its full release unmaps stream 0's free block too;
     /// freed.
     GiveBackRefused,
+    /// Under `policy:cachalot,max_split_size_mb:20`, on one stream between two live 4 MiB blocks,
+    /// 30 MiB (oversize) made and freed before the cycles; each cycle 16 MiB, whose miss, at the
+    /// peak, gives back the top 16 MiB of the free 30 (best fit passed it over as oversize) and
+    /// grows into the 14 kept, mapping one page; freed; then 30 MiB, which grows the block back;
+    /// freed.
+    GiveBackOpensRoom,
 }
 
 /// One trace shape: its settings, its memory fraction, its device, whether it keeps a small
@@ -94,7 +102,7 @@ struct Shape {
     cycle: Cycle,
 }
 
-const SHAPES: [Shape; 13] = [
+const SHAPES: [Shape; 14] = [
     Shape {
         name: "memory fraction 0.5",
         settings: "",
@@ -209,6 +217,14 @@ const SHAPES: [Shape; 13] = [
         device: DEVICE,
         keeps_live: true,
         cycle: Cycle::GiveBackRefused,
+    },
+    Shape {
+        name: "live blocks; policy:cachalot, max_split_size_mb: a miss grows into the block it gave back from",
+        settings: "policy:cachalot,max_split_size_mb:20,expandable_segments:True",
+        fraction: None,
+        device: DEVICE,
+        keeps_live: true,
+        cycle: Cycle::GiveBackOpensRoom,
     },
 ];
 
@@ -327,6 +343,12 @@ fn record(
         let other = allocator.malloc(40 * MIB, stream(1))?;
         allocator.free(other)
     };
+    if matches!(shape.cycle, Cycle::GiveBackOpensRoom) {
+        kept.push(allocator.malloc(4 * MIB, stream(0))?);
+        let oversize = allocator.malloc(30 * MIB, stream(0))?;
+        kept.push(allocator.malloc(4 * MIB, stream(0))?);
+        allocator.free(oversize)?;
+    }
     if matches!(shape.cycle, Cycle::PartlyMapped) {
         kept.push(allocator.malloc(20 * MIB, stream(0))?);
         partly_layout(&mut allocator)?;
@@ -381,6 +403,12 @@ fn record(
             Cycle::GiveBackRefused => {
                 for (size, on) in [(40 * MIB, 1), (60 * MIB, 0)] {
                     let tensor = allocator.malloc(size, stream(on))?;
+                    allocator.free(tensor)?;
+                }
+            }
+            Cycle::GiveBackOpensRoom => {
+                for size in [16 * MIB, 30 * MIB] {
+                    let tensor = allocator.malloc(size, stream(0))?;
                     allocator.free(tensor)?;
                 }
             }

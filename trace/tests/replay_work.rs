@@ -53,6 +53,14 @@ enum Cycle {
     /// request, not the pages it maps), so its full release unmaps stream 0's free block too,
     /// and the retry maps the 60 MiB; freed.
     GiveBackRefused,
+    /// Under `policy:cachalot,max_split_size_mb:20`, on one stream between two live 4 MiB blocks,
+    /// 30 MiB (oversize) made and freed before the cycles; each cycle 16 MiB (below
+    /// `max_split_size`): best fit passes over the free 30 MiB, and the miss, at the peak,
+    /// gives back the block's top 16 MiB (rule 4; the plan was to map them above the live
+    /// block), then grows into the 14 MiB kept, mapping one page of those given back; freed.
+    /// Then 30 MiB, which grows the block back over the pages given back (at the peak again),
+    /// freed.
+    GiveBackOpensRoom,
 }
 
 /// Frees left outstanding on a side stream whose work never ends by itself.
@@ -154,6 +162,12 @@ fn replay_shape_with(
         let other = allocator.malloc(40 * MIB, stream(1)).unwrap();
         allocator.free(other).unwrap();
     };
+    if matches!(cycle, Cycle::GiveBackOpensRoom) {
+        kept_too.push(allocator.malloc(4 * MIB, stream(0)).unwrap());
+        let oversize = allocator.malloc(30 * MIB, stream(0)).unwrap();
+        kept_too.push(allocator.malloc(4 * MIB, stream(0)).unwrap());
+        allocator.free(oversize).unwrap();
+    }
     if matches!(cycle, Cycle::PartlyMapped) {
         kept_too.push(allocator.malloc(20 * MIB, stream(0)).unwrap());
         partly_layout(&mut allocator);
@@ -193,6 +207,12 @@ fn replay_shape_with(
             Cycle::GiveBackRefused => {
                 for (size, on) in [(40 * MIB, 1), (60 * MIB, 0)] {
                     let tensor = allocator.malloc(size, stream(on)).unwrap();
+                    allocator.free(tensor).unwrap();
+                }
+            }
+            Cycle::GiveBackOpensRoom => {
+                for size in [16 * MIB, 30 * MIB] {
+                    let tensor = allocator.malloc(size, stream(0)).unwrap();
                     allocator.free(tensor).unwrap();
                 }
             }
@@ -351,6 +371,16 @@ fn a_give_back_then_a_refusal_copies_nothing() {
     let fraction = Some((70 * MIB) as f64 / (80u64 << 30) as f64);
     let settings = "policy:cachalot,expandable_segments:True";
     assert_eq!(replay_shape(settings, fraction, 80 << 30, 300, Cycle::GiveBackRefused, 40), 0);
+}
+
+/// A `policy:cachalot` miss under `max_split_size_mb` that gives back pages of a free block of its
+/// own stream large enough for it (passed over by best fit, which keeps oversize blocks from
+/// smaller requests), then grows into what is left of that block rather than where it planned
+/// to: the plan searches the blocks its give-backs leave, with no copy.
+#[test]
+fn a_give_back_that_opens_room_copies_nothing() {
+    let settings = "policy:cachalot,max_split_size_mb:20,expandable_segments:True";
+    assert_eq!(replay_shape(settings, None, 80 << 30, 300, Cycle::GiveBackOpensRoom, 40), 0);
 }
 
 /// No trace recorded from PyTorch needs a trial copy: the nine reference traces, the conformance

@@ -2,6 +2,7 @@
 //! consistency check used by the tests after every operation.
 
 use super::CachingAllocator;
+use super::planned_cuts::{CutView, Part};
 use crate::backend::{Backend, StreamId};
 use crate::block::{Location, NIL};
 use crate::pool::PoolId;
@@ -409,14 +410,19 @@ impl<B: Backend> CachingAllocator<B> {
     /// their blocks count with the free blocks they then join. Private pools are planned as the
     /// malloc takes them: a request routed to one searches, maps and releases oversize blocks
     /// there, and its chain has no full release; otherwise the full release also empties every
-    /// pool all of whose users released it. Expandable pages are mapped one piece per unmapped
-    /// block the request grows over, and a piece the device refuses leaves those before it
-    /// mapped, free, for the full release to count. `None` where the state does not tell
-    /// without trying: a `policy:cachalot` miss that gives back pages of a free block of its own
-    /// stream large enough for it (which best fit passed over only under `max_split_size_mb`),
-    /// where it may then grow. Rule 4's return of cached memory before a new peak is planned
-    /// with the walk the malloc itself takes; what it leaves (blocks cut below the pages it
-    /// unmapped) is what the later steps find.
+    /// pool all of whose users released it. Expandable pages are mapped one piece per run of
+    /// unmapped space the request grows over, and a piece the device refuses leaves those
+    /// before it mapped, free, for the full release to count. Rule 4's return of cached memory
+    /// before a new peak (`policy:cachalot`) is planned with the walk the malloc itself takes,
+    /// and what it leaves is what the later steps find (`planned_cuts.rs`): each block it gives
+    /// pages back from cut below them (and above, at a partial page), those pages one unmapped
+    /// run with the unmapped blocks beside them, a reservation left with nothing mapped
+    /// released. The search for the pages to map runs over those blocks, as
+    /// `find_expandable_block` does after the give-backs: under `max_split_size_mb` it may find
+    /// room in a free block of the request's own stream that best fit passed over and the miss
+    /// gave pages back from. `None` only where the device (`device_free`) would map a whole
+    /// new reservation and still be asked for more, which no device does (a reservation spans
+    /// 1 1/8 of it).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
@@ -427,18 +433,16 @@ impl<B: Backend> CachingAllocator<B> {
             return Some(0);
         }
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
-        // Rule 4 gives back from free blocks outside the run the miss grows over (its pieces
-        // are as planned before), and its walk is the malloc's own.
+        // Rule 4's walk is the malloc's own; the miss then searches the blocks its give-backs
+        // leave.
         self.plan_give_backs_before_peak(&request, &mut plan);
-        if self.give_back_opens_room(&request, &plan) {
-            return None;
-        }
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
         }
+        let view = CutView::new(self, &plan.cuts);
         // The first device allocation served: the common answer, found without counting what
         // the cache could give back (every free block of both pools).
-        let pieces = if request.expandable { self.pieces_to_map(&request) } else { Vec::new() };
+        let pieces = if request.expandable { self.pieces_to_map(&request, &view) } else { Vec::new() };
         let (served, mut mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, 0);
         if served {
             return Some(plan.releases);
@@ -460,19 +464,19 @@ impl<B: Backend> CachingAllocator<B> {
         // The full release releases all the cache still holds once the outstanding frees have
         // completed, the pages the refused allocations mapped included (free, joined to the
         // block they grew).
-        let grown: Vec<u32> = pieces[..mapped].iter().map(|piece| piece.block).collect();
-        if grown.contains(&NIL) {
+        if pieces[..mapped].iter().any(|piece| piece.hole == NIL) {
             return None; // a whole new reservation mapped, still too small: never served
         }
+        let grown: Vec<u32> = pieces[..mapped].iter().flat_map(|piece| view.hole_blocks(piece.hole)).collect();
         Some(plan.releases + self.releasable_after(&grown, &plan).0)
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
     /// would make on its way (each step of the retry chain that finds no segment of the stream
     /// and pool with room for the request reserves one, and keeps it), found without making it.
-    /// `None` where `policy:cachalot` would give back pages of a free block of the request's
-    /// stream large enough for it (passed over by best fit under `max_split_size_mb`), which
-    /// may open room the search did not see before.
+    /// The search for room runs over the blocks `policy:cachalot`'s give-backs before a new
+    /// peak leave, as in [`CachingAllocator::releases_of_malloc`]. Every state is answered
+    /// (`Some`).
     pub fn reservations_of_failing_malloc(&self, size: u64, stream: StreamId) -> Option<u64> {
         use crate::size::MAX_REQUEST;
         if size == 0 || size >= MAX_REQUEST {
@@ -484,12 +488,11 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
         self.plan_give_backs_before_peak(&request, &mut plan);
-        if self.give_back_opens_room(&request, &plan) {
-            return None;
-        }
         if self.gc_enabled() {
             self.plan_garbage_collection(&request, &mut plan);
         }
+        // The search runs over the blocks rule 4's give-backs leave.
+        let view = CutView::new(self, &plan.cuts);
         let within_fraction = |released: u64| {
             self.allowed_memory_maximum.is_none_or(|allowed| {
                 (self.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
@@ -502,7 +505,7 @@ impl<B: Backend> CachingAllocator<B> {
         let fresh_has_room = size <= self.reservation_size(request.pool);
         let mut made = 0;
         // The first device allocation: a reservation where no segment has room.
-        if within_fraction(plan.bytes) && self.expandable_room(&request).is_none() {
+        if within_fraction(plan.bytes) && view.room(&request).is_none() {
             made += 1;
         }
         let made_with_room = |made: u64| made > 0 && fresh_has_room;
@@ -511,7 +514,7 @@ impl<B: Backend> CachingAllocator<B> {
         if self.plan_oversize_release(&request, &mut plan)
             && within_fraction(plan.bytes)
             && !made_with_room(made)
-            && self.expandable_room(&request).is_none()
+            && view.room(&request).is_none()
         {
             made += 1;
         }
@@ -600,29 +603,15 @@ impl<B: Backend> CachingAllocator<B> {
         !give_backs.is_empty()
     }
 
-    /// Whether rule 4's give-backs may open room that the search for the request's pages did
-    /// not see before them: pages given back from a free block of the request's stream and pool
-    /// large enough for it (which best fit passed over only under `max_split_size_mb`) make its
-    /// run, with no unmapped block before, one that `find_expandable_block` considers. Then
-    /// the miss may grow there rather than where the plan's pieces are: not planned.
-    fn give_back_opens_room(&self, request: &super::malloc::Request, plan: &ReleasePlan) -> bool {
-        plan.cuts.iter().any(|&(id, _, _)| {
-            let b = &self.blocks[id];
-            b.stream == request.stream
-                && b.pool == request.pool
-                && self.segments[b.segment].private == request.slot
-                && b.size >= request.size
-        })
-    }
-
     /// The `segment_free` and `segment_unmap` entries the full release of a malloc's retry
     /// chain would record once the steps of `plan` have been taken (and `empty_cache` now, for
     /// an empty plan): every free whole segment and every free expandable block holding a
     /// whole page, of both default pools and of every private pool all of whose users released
     /// it (`release_freeable_pools`; a pool still used keeps its memory), less the whole
     /// segments the plan released, with the pages it gave back from free blocks unmapped (which
-    /// cuts their runs), and with the unmapped blocks `grown` mapped whole (by a device
-    /// allocation refused after them), joined to the free blocks beside them. Also the device
+    /// cuts their runs), and with the blocks `grown` mapped whole (by a device allocation
+    /// refused after them: the unmapped ones, and the cut ones whose pages given back they
+    /// hold, which are then whole again), joined to the free blocks beside them. Also the device
     /// bytes they hold. Cross-stream frees still outstanding count as completed, as
     /// `release_cached_blocks` completes them before it releases
     /// (`synchronize_and_free_events`): each such block merges with the free blocks beside it,
@@ -632,7 +621,12 @@ impl<B: Backend> CachingAllocator<B> {
         // Whether runs of free blocks may be longer than one block, or cut.
         let joined = pending || !grown.is_empty() || !plan.cuts.is_empty();
         let merges = |id: u32| self.merges_after_sync(id) || grown.contains(&id);
-        let cut_of = |id: u32| plan.cuts.iter().find(|cut| cut.0 == id).map(|&(_, begin, end)| (begin, end));
+        // A cut whose pages a refused allocation mapped again (all of them, with the unmapped
+        // blocks beside them) is undone: the block is one run again.
+        let cut_of = |id: u32| match grown.contains(&id) {
+            true => None,
+            false => plan.cuts.iter().find(|cut| cut.0 == id).map(|&(_, begin, end)| (begin, end)),
+        };
         let freeable = self.private.iter().filter(|(_, p)| p.use_count == 0).map(|(slot, _)| slot);
         let mut candidates = Vec::new();
         for slot in std::iter::once(NIL).chain(freeable) {
@@ -890,40 +884,46 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The pieces `try_allocate_expandable_block` would map for `request`, in order, read off
-    /// the state: one per unmapped block of the run `find_expandable_block` chooses (each but
-    /// the last mapped whole), until the free block grown from there holds the request; or the
-    /// first pages of a new reservation ([`NIL`]), all of it where it is smaller than the
-    /// request (which no second piece then completes: one of all the device's bytes stands
-    /// for it).
-    fn pieces_to_map(&self, request: &super::malloc::Request) -> Vec<Piece> {
+    /// the blocks rule 4's give-backs leave (`view`): one per hole of the run
+    /// `find_expandable_block` chooses (each but the last mapped whole), until the free block
+    /// grown from there holds the request; or the first pages of a new reservation ([`NIL`]),
+    /// all of it where it is smaller than the request (which no second piece then completes:
+    /// one of all the device's bytes stands for it).
+    fn pieces_to_map(&self, request: &super::malloc::Request, view: &CutView<'_, B>) -> Vec<Piece> {
         let size = request.size;
-        let Some(start) = self.expandable_room(request) else {
+        let Some(start) = view.room(request) else {
             let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
             return match size <= reserved {
-                true => vec![Piece { block: NIL, bytes: size.div_ceil(page) * page }],
-                false => vec![Piece { block: NIL, bytes: reserved }, Piece { block: NIL, bytes: u64::MAX }],
+                true => vec![Piece { hole: NIL, bytes: size.div_ceil(page) * page }],
+                false => vec![Piece { hole: NIL, bytes: reserved }, Piece { hole: NIL, bytes: u64::MAX }],
             };
         };
-        // The free block grown so far, and the unmapped block after it: the candidate itself
-        // when unmapped, else the one after it (the run alternates free and unmapped blocks).
-        let (mut have, mut cursor) = match self.blocks[start].mapped {
-            false => (0, start),
-            true => (self.blocks[start].size, self.blocks[start].next),
+        // The free part grown so far, and the hole after it: the candidate itself when
+        // unmapped, else the one after it (the run alternates free and unmapped parts).
+        let (mut have, mut cursor) = match view.span(start) {
+            (_, _, false) => (0, Some(start)),
+            (_, bytes, true) => (bytes, view.next(start)),
         };
         let mut pieces = Vec::new();
         while have < size {
-            let b = &self.blocks[cursor];
-            debug_assert!(!b.mapped && self.blocks.is_allocatable(cursor), "the run offers the request's bytes");
-            let to_map = (size - have).min(b.size);
-            let (base, page) = self.segment_pages(b.segment);
-            let bytes = ((b.ptr + to_map - base).div_ceil(page) - (b.ptr - base) / page) * page;
-            pieces.push(Piece { block: cursor, bytes });
+            let Some(hole @ Part::Hole(first)) = cursor else {
+                debug_assert!(false, "the run offers the request's bytes");
+                break;
+            };
+            let (ptr, hole_size, _) = view.span(hole);
+            let to_map = (size - have).min(hole_size);
+            let (base, page) = self.segment_pages(self.blocks[first].segment);
+            let bytes = ((ptr + to_map - base).div_ceil(page) - (ptr - base) / page) * page;
+            pieces.push(Piece { hole: first, bytes });
             have += bytes;
-            // Wholly mapped, the piece joins the free block after it.
-            cursor = b.next;
-            if bytes == b.size && cursor != NIL && self.blocks[cursor].mapped && self.blocks.is_allocatable(cursor) {
-                have += self.blocks[cursor].size;
-                cursor = self.blocks[cursor].next;
+            // Wholly mapped, the piece joins the free part after it.
+            cursor = view.next(hole);
+            if let Some(next) = cursor.filter(|&next| bytes == hole_size && view.is_allocatable(next)) {
+                let (_, next_size, mapped) = view.span(next);
+                if mapped {
+                    have += next_size;
+                    cursor = view.next(next);
+                }
             }
         }
         pieces
@@ -933,8 +933,9 @@ impl<B: Backend> CachingAllocator<B> {
 /// One piece of the pages a malloc maps ([`CachingAllocator::pieces_to_map`]).
 #[derive(Clone, Copy, Debug)]
 struct Piece {
-    /// The unmapped block mapped from its start ([`NIL`]: a new reservation's).
-    block: u32,
+    /// The hole mapped from its start, named by its lowest block ([`Part::Hole`]; [`NIL`]: a
+    /// new reservation's).
+    hole: u32,
     /// Bytes mapped.
     bytes: u64,
 }

@@ -3,7 +3,9 @@
 //! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
 //! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
 //! release, garbage collection), `expandable` (VA reservations and page mapping), `private`
-//! (`MemPool` and CUDA-graph pools) and `inspect` (snapshots and the consistency check);
+//! (`MemPool` and CUDA-graph pools) and `inspect` (snapshots, the consistency check, and the
+//! replay's read-only plan of a malloc, with `planned_cuts` for the blocks as
+//! `policy:cachalot`'s planned give-backs would leave them);
 //! `compact` is cachalot's own opt-in policy (`policy:cachalot`), which changes request sizes,
 //! splitting and what a miss gives back first, and nothing else; `object` is the [`Allocator`]
 //! trait that code not generic over the backend holds as `&dyn Allocator`; `devices` keeps one
@@ -18,6 +20,7 @@ mod inspect;
 mod malloc;
 mod object;
 mod observer;
+mod planned_cuts;
 mod private;
 mod release;
 
