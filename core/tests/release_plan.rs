@@ -185,6 +185,10 @@ struct Reached {
     corner_grown: usize,
     /// ... where `releases_of_malloc` answered.
     corner_grown_planned: usize,
+    /// A malloc that released memory and was then served with nothing allocated or mapped
+    /// (`policy:cachalot`'s give-backs leaving the request room in the pages they kept), which
+    /// `releases_of_malloc_served_in_place` answered.
+    served_in_place: usize,
 }
 
 impl std::ops::AddAssign for Reached {
@@ -211,6 +215,7 @@ impl std::ops::AddAssign for Reached {
         self.corner_planned += other.corner_planned;
         self.corner_grown += other.corner_grown;
         self.corner_grown_planned += other.corner_grown_planned;
+        self.served_in_place += other.served_in_place;
     }
 }
 
@@ -243,6 +248,7 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 let gives_back = settings.starts_with("policy:cachalot")
                     && allocator.releases_of_malloc(size, stream, u64::MAX / 4).is_some_and(|n| n > 0);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
+                let in_place = allocator.releases_of_malloc_served_in_place(size, stream);
                 let stats = allocator.stats();
                 // Blocks freed but waiting for events are active without being allocated.
                 let pending = stats.active.all().current > stats.allocation.all().current;
@@ -287,6 +293,19 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 let released = allocator.stats().num_device_free - released_before;
                 if let Some(planned) = releases {
                     prop_assert_eq!(planned, released, "{}: op {} ({:?}) released", settings, n, op);
+                }
+                // Served with nothing allocated or mapped after releasing: exactly where the plan
+                // says so, with the releases it says.
+                // (A hit, or a miss the pages already mapped serve, may be answered either way
+                // when it releases nothing; a replay only asks after releases.)
+                let served_in_place = result.is_ok() && allocator.stats().num_device_alloc == mapped_before;
+                if let Some(planned) = in_place {
+                    prop_assert!(served_in_place, "{}: op {} ({:?}) planned in place", settings, n, op);
+                    prop_assert_eq!(planned, released, "{}: op {} ({:?}) released in place", settings, n, op);
+                }
+                if served_in_place && released > 0 {
+                    prop_assert_eq!(in_place, Some(released), "{}: op {} ({:?}) served in place", settings, n, op);
+                    reached.served_in_place += 1;
                 }
                 if released > 0 || result.is_err() {
                     let (count, planned) = match routed {
@@ -480,6 +499,7 @@ fn the_workloads_reach_the_shapes_once_tried_on_a_copy() {
     assert!(reached.private_oom_planned > 0, "{reached:?}");
     assert!(reached.corner_planned > 0, "{reached:?}");
     assert!(reached.corner_grown_planned > 0, "{reached:?}");
+    assert!(reached.served_in_place > 0, "{reached:?}");
 }
 
 /// The plan answers for the shapes it was made for, rather than leaving them to a trial.

@@ -923,8 +923,9 @@ fn ends_sync_run(action: TraceAction) -> bool {
 
 /// Decides whether the releases `trace[i..i + run]` are the work of the next malloc (garbage
 /// collection, the oversize release or the full release of the retry chain, `policy:cachalot`'s
-/// return of cached memory before a new peak) or of an `empty_cache` call: the malloc's, when it
-/// would release exactly `run` segments itself. That count is read off the allocator's state
+/// return of cached memory before a new peak, after which that policy may serve the request in
+/// the pages it kept, so the allocation follows the releases directly) or of an `empty_cache`
+/// call: the malloc's, when it would release exactly `run` segments itself. That count is read off the allocator's state
 /// ([`CachingAllocator::releases_of_malloc`]); only where the state does not tell is the malloc
 /// tried on a copy of the live state (counted in `trial_copies`).
 fn released_by_next_malloc(
@@ -937,6 +938,13 @@ fn released_by_next_malloc(
     let Some(next) = trace.get(i + run) else { return false };
     match next.action {
         TraceAction::Oom => true,
+        // Under `policy:cachalot` a miss may give back pages and then be served in those it
+        // kept, mapping nothing: its releases are followed by the allocation itself. Under
+        // PyTorch's policy a release is always on the way to a device allocation, so there
+        // this is the program's `empty_cache` before a hit.
+        TraceAction::Alloc if allocator.config().policy() == Policy::Cachalot => {
+            allocator.releases_of_malloc_served_in_place(next.size, next.stream) == Some(run as u64)
+        }
         TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
             let Some(request) = trace[i + run..]
                 .iter()

@@ -18,7 +18,7 @@ mod common;
 const MIB: u64 = 1 << 20;
 
 /// What each cycle does (as in `examples/replay_growth.rs`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Cycle {
     /// 24 MiB on the next of two streams, freed: the next malloc must release it.
     Churn,
@@ -61,6 +61,11 @@ enum Cycle {
     /// Then 30 MiB, which grows the block back over the pages given back (at the peak again),
     /// freed.
     GiveBackOpensRoom,
+    /// As [`Cycle::GiveBackOpensRoom`], but each cycle's first request is 10 MiB, which the
+    /// 14 MiB kept below the pages given back hold: the miss releases and maps nothing, so the
+    /// release run is followed by the allocation itself (PyTorch's policy releases only on its
+    /// way to a device allocation).
+    GiveBackServesInPlace,
 }
 
 /// Frees left outstanding on a side stream whose work never ends by itself.
@@ -162,7 +167,7 @@ fn replay_shape_with(
         let other = allocator.malloc(40 * MIB, stream(1)).unwrap();
         allocator.free(other).unwrap();
     };
-    if matches!(cycle, Cycle::GiveBackOpensRoom) {
+    if matches!(cycle, Cycle::GiveBackOpensRoom | Cycle::GiveBackServesInPlace) {
         kept_too.push(allocator.malloc(4 * MIB, stream(0)).unwrap());
         let oversize = allocator.malloc(30 * MIB, stream(0)).unwrap();
         kept_too.push(allocator.malloc(4 * MIB, stream(0)).unwrap());
@@ -210,8 +215,9 @@ fn replay_shape_with(
                     allocator.free(tensor).unwrap();
                 }
             }
-            Cycle::GiveBackOpensRoom => {
-                for size in [16 * MIB, 30 * MIB] {
+            Cycle::GiveBackOpensRoom | Cycle::GiveBackServesInPlace => {
+                let first = if cycle == Cycle::GiveBackOpensRoom { 16 * MIB } else { 10 * MIB };
+                for size in [first, 30 * MIB] {
                     let tensor = allocator.malloc(size, stream(0)).unwrap();
                     allocator.free(tensor).unwrap();
                 }
@@ -381,6 +387,15 @@ fn a_give_back_then_a_refusal_copies_nothing() {
 fn a_give_back_that_opens_room_copies_nothing() {
     let settings = "policy:cachalot,max_split_size_mb:20,expandable_segments:True";
     assert_eq!(replay_shape(settings, None, 80 << 30, 300, Cycle::GiveBackOpensRoom, 40), 0);
+}
+
+/// [`Cycle::GiveBackServesInPlace`]: the give-back's release run is followed by the allocation
+/// it made room for, not by a map; the replay reads it as the malloc's (not as an
+/// `empty_cache` call, which would unmap the whole free block) and matches the recording.
+#[test]
+fn a_give_back_followed_by_its_allocation_is_the_malloc_s() {
+    let settings = "policy:cachalot,max_split_size_mb:20,expandable_segments:True";
+    assert_eq!(replay_shape(settings, None, 80 << 30, 300, Cycle::GiveBackServesInPlace, 40), 0);
 }
 
 /// No trace recorded from PyTorch needs a trial copy: the nine reference traces, the conformance

@@ -471,6 +471,37 @@ impl<B: Backend> CachingAllocator<B> {
         Some(plan.releases + self.releasable_after(&grown, &plan).0)
     }
 
+    /// The releases a `malloc(size, stream)` made now records before it is served with no
+    /// device allocation and no page mapped, or `None` where it would not be served so: a hit
+    /// (which releases nothing), or a miss that allocates or maps. Only `policy:cachalot` makes
+    /// such a malloc: its give-backs before a new peak (rule 4) may leave the request room in
+    /// the pages they keep, so the trace shows the releases followed by the allocation itself,
+    /// where PyTorch's policy only ever releases on its way to a device allocation. Read off
+    /// the state as [`CachingAllocator::releases_of_malloc`] reads it.
+    pub fn releases_of_malloc_served_in_place(&self, size: u64, stream: StreamId) -> Option<u64> {
+        use crate::size::MAX_REQUEST;
+        if size == 0 || size >= MAX_REQUEST || self.config.policy() != crate::config::Policy::Cachalot {
+            return None;
+        }
+        let request = self.request(size, stream);
+        if !request.expandable || self.plan_hit(&request) {
+            return None;
+        }
+        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
+        self.plan_give_backs_before_peak(&request, &mut plan);
+        if self.gc_enabled() {
+            self.plan_garbage_collection(&request, &mut plan);
+        }
+        let view = CutView::new(self, &plan.cuts);
+        if !self.pieces_to_map(&request, &view).is_empty() {
+            return None;
+        }
+        // Nothing to map, but the fraction's allowance still counts the whole request (as
+        // `alloc_block` does); the device's room is not asked with no piece to map.
+        let (served, _) = self.plan_device_allocation(&request, &plan, 0, &[], 0);
+        served.then_some(plan.releases)
+    }
+
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
     /// would make on its way (each step of the retry chain that finds no segment of the stream
     /// and pool with room for the request reserves one, and keeps it), found without making it.
