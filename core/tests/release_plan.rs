@@ -185,9 +185,10 @@ struct Reached {
     corner_grown: usize,
     /// ... where `releases_of_malloc` answered.
     corner_grown_planned: usize,
-    /// A malloc that released memory and was then served with nothing allocated or mapped
-    /// (`policy:cachalot`'s give-backs leaving the request room in the pages they kept), which
-    /// `releases_of_malloc_served_in_place` answered.
+    /// A malloc that released memory before any full release and was then served with nothing
+    /// allocated or mapped (`policy:cachalot`'s give-backs leaving the request room in the
+    /// pages they kept; the garbage collector or the oversize release before mapped memory
+    /// best fit passed over), which `releases_of_malloc_served_in_place` answered.
     served_in_place: usize,
 }
 
@@ -248,8 +249,9 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                 let gives_back = settings.starts_with("policy:cachalot")
                     && allocator.releases_of_malloc(size, stream, u64::MAX / 4).is_some_and(|n| n > 0);
                 let reservations = allocator.reservations_of_failing_malloc(size, stream);
-                let in_place = allocator.releases_of_malloc_served_in_place(size, stream);
+                let in_place = allocator.releases_of_malloc_served_in_place(size, stream, free);
                 let stats = allocator.stats();
+                let retries_before = stats.num_alloc_retries;
                 // Blocks freed but waiting for events are active without being allocated.
                 let pending = stats.active.all().current > stats.allocation.all().current;
                 let (released_before, reserved_before, synced_before, mapped_before) = (
@@ -303,7 +305,11 @@ fn check(config: usize, ops: &[Op]) -> Result<Reached, TestCaseError> {
                     prop_assert!(served_in_place, "{}: op {} ({:?}) planned in place", settings, n, op);
                     prop_assert_eq!(planned, released, "{}: op {} ({:?}) released in place", settings, n, op);
                 }
-                if served_in_place && released > 0 {
+                // Not after the full release (the only retry counted in `num_alloc_retries`):
+                // its synchronization can complete a free whose block the retry then takes,
+                // under either policy, which the planner leaves out.
+                let retried = allocator.stats().num_alloc_retries > retries_before;
+                if served_in_place && released > 0 && !retried {
                     prop_assert_eq!(in_place, Some(released), "{}: op {} ({:?}) served in place", settings, n, op);
                     reached.served_in_place += 1;
                 }

@@ -938,12 +938,15 @@ fn released_by_next_malloc(
     let Some(next) = trace.get(i + run) else { return false };
     match next.action {
         TraceAction::Oom => true,
-        // Under `policy:cachalot` a miss may give back pages and then be served in those it
-        // kept, mapping nothing: its releases are followed by the allocation itself. Under
-        // PyTorch's policy a release is always on the way to a device allocation, so there
-        // this is the program's `empty_cache` before a hit.
-        TraceAction::Alloc if allocator.config().policy() == Policy::Cachalot => {
-            allocator.releases_of_malloc_served_in_place(next.size, next.stream) == Some(run as u64)
+        // A miss may release (`policy:cachalot`'s give-backs, the garbage collector) and then be
+        // served in mapped memory, with nothing allocated or mapped: its releases are followed
+        // by the allocation itself. Otherwise this is read as an `empty_cache` call before the
+        // allocation; that is also how the full release of a refused device allocation reads
+        // when its synchronization frees the block the retry then takes (the same release).
+        TraceAction::Alloc => {
+            let sim = allocator.backend();
+            let device_free = sim.device().total_memory.saturating_sub(sim.used());
+            allocator.releases_of_malloc_served_in_place(next.size, next.stream, device_free) == Some(run as u64)
         }
         TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
             let Some(request) = trace[i + run..]

@@ -424,13 +424,38 @@ impl<B: Backend> CachingAllocator<B> {
     /// new reservation and still be asked for more, which no device does (a reservation spans
     /// 1 1/8 of it).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
+        self.plan_malloc_releases(size, stream, device_free).map(|planned| planned.releases)
+    }
+
+    /// The releases a `malloc(size, stream)` made now records when it is then served with no
+    /// segment allocated and no page mapped, or `None` where it would not be served so: a hit
+    /// (which releases nothing), a miss that allocates or maps, or one that reaches the full
+    /// release of the retry chain. The trace then shows the releases followed by the
+    /// allocation itself. Three releases come before such a miss: `policy:cachalot`'s
+    /// give-backs before a new peak (rule 4), which may leave the request room in the pages
+    /// they keep; the garbage collector's; and the oversize release after the fraction refused
+    /// the request; the last two under either policy, where `find_expandable_block` then finds
+    /// the request's bytes in mapped memory that best fit passed over (an oversize block under
+    /// `max_split_size_mb`). (The full release may also be followed by the allocation, when
+    /// its synchronization completes a free whose block the retry takes; that is not this
+    /// answer.) Read off the state as [`CachingAllocator::releases_of_malloc`] reads it.
+    pub fn releases_of_malloc_served_in_place(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
+        self.plan_malloc_releases(size, stream, device_free)
+            .filter(|planned| planned.in_place)
+            .map(|planned| planned.releases)
+    }
+
+    /// [`CachingAllocator::releases_of_malloc`], and whether the step that serves the miss
+    /// needs no device allocation (an expandable request with no page to map).
+    fn plan_malloc_releases(&self, size: u64, stream: StreamId, device_free: u64) -> Option<PlannedReleases> {
         use crate::size::MAX_REQUEST;
+        let none = PlannedReleases { releases: 0, in_place: false };
         if size == 0 || size >= MAX_REQUEST {
-            return Some(0);
+            return Some(none);
         }
         let request = self.request(size, stream);
         if self.plan_hit(&request) {
-            return Some(0);
+            return Some(none);
         }
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
         // Rule 4's walk is the malloc's own; the miss then searches the blocks its give-backs
@@ -443,22 +468,25 @@ impl<B: Backend> CachingAllocator<B> {
         // The first device allocation served: the common answer, found without counting what
         // the cache could give back (every free block of both pools).
         let pieces = if request.expandable { self.pieces_to_map(&request, &view) } else { Vec::new() };
+        // Served with nothing to allocate: an expandable request whose room needs no page.
+        let in_place = request.expandable && pieces.is_empty();
         let (served, mut mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, 0);
         if served {
-            return Some(plan.releases);
+            return Some(PlannedReleases { releases: plan.releases, in_place });
         }
         if !self.routing.is_empty() {
             // No full release while allocations are routed to a pool (it would synchronize,
             // which a capture must not): the oversize release is the last step that releases,
             // whatever the device answers after it.
             self.plan_oversize_release(&request, &mut plan);
-            return Some(plan.releases);
+            let (served, _) = self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped);
+            return Some(PlannedReleases { releases: plan.releases, in_place: in_place && served });
         }
         if self.plan_oversize_release(&request, &mut plan) {
             let served;
             (served, mapped) = self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped);
             if served {
-                return Some(plan.releases);
+                return Some(PlannedReleases { releases: plan.releases, in_place });
             }
         }
         // The full release releases all the cache still holds once the outstanding frees have
@@ -468,38 +496,8 @@ impl<B: Backend> CachingAllocator<B> {
             return None; // a whole new reservation mapped, still too small: never served
         }
         let grown: Vec<u32> = pieces[..mapped].iter().flat_map(|piece| view.hole_blocks(piece.hole)).collect();
-        Some(plan.releases + self.releasable_after(&grown, &plan).0)
-    }
-
-    /// The releases a `malloc(size, stream)` made now records before it is served with no
-    /// device allocation and no page mapped, or `None` where it would not be served so: a hit
-    /// (which releases nothing), or a miss that allocates or maps. Only `policy:cachalot` makes
-    /// such a malloc: its give-backs before a new peak (rule 4) may leave the request room in
-    /// the pages they keep, so the trace shows the releases followed by the allocation itself,
-    /// where PyTorch's policy only ever releases on its way to a device allocation. Read off
-    /// the state as [`CachingAllocator::releases_of_malloc`] reads it.
-    pub fn releases_of_malloc_served_in_place(&self, size: u64, stream: StreamId) -> Option<u64> {
-        use crate::size::MAX_REQUEST;
-        if size == 0 || size >= MAX_REQUEST || self.config.policy() != crate::config::Policy::Cachalot {
-            return None;
-        }
-        let request = self.request(size, stream);
-        if !request.expandable || self.plan_hit(&request) {
-            return None;
-        }
-        let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
-        self.plan_give_backs_before_peak(&request, &mut plan);
-        if self.gc_enabled() {
-            self.plan_garbage_collection(&request, &mut plan);
-        }
-        let view = CutView::new(self, &plan.cuts);
-        if !self.pieces_to_map(&request, &view).is_empty() {
-            return None;
-        }
-        // Nothing to map, but the fraction's allowance still counts the whole request (as
-        // `alloc_block` does); the device's room is not asked with no piece to map.
-        let (served, _) = self.plan_device_allocation(&request, &plan, 0, &[], 0);
-        served.then_some(plan.releases)
+        let releases = plan.releases + self.releasable_after(&grown, &plan).0;
+        Some(PlannedReleases { releases, in_place: false })
     }
 
     /// How many VA reservations a `malloc(size, stream)` made now that runs out of memory
@@ -959,6 +957,15 @@ impl<B: Backend> CachingAllocator<B> {
         }
         pieces
     }
+}
+
+/// What [`CachingAllocator::plan_malloc_releases`] finds.
+#[derive(Clone, Copy, Debug)]
+struct PlannedReleases {
+    /// The segments and page runs the malloc releases.
+    releases: u64,
+    /// Whether the step that serves it allocates and maps nothing.
+    in_place: bool,
 }
 
 /// One piece of the pages a malloc maps ([`CachingAllocator::pieces_to_map`]).
