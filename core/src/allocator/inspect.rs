@@ -424,7 +424,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// new reservation and still be asked for more, which no device does (a reservation spans
     /// 1 1/8 of it).
     pub fn releases_of_malloc(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
-        self.plan_malloc_releases(size, stream, device_free).map(|planned| planned.releases)
+        self.plan_malloc_releases(size, stream, device_free, true).map(|planned| planned.releases)
     }
 
     /// The releases a `malloc(size, stream)` made now records when it is then served with no
@@ -440,14 +440,22 @@ impl<B: Backend> CachingAllocator<B> {
     /// its synchronization completes a free whose block the retry takes; that is not this
     /// answer.) Read off the state as [`CachingAllocator::releases_of_malloc`] reads it.
     pub fn releases_of_malloc_served_in_place(&self, size: u64, stream: StreamId, device_free: u64) -> Option<u64> {
-        self.plan_malloc_releases(size, stream, device_free)
+        // Never served in place after the full release: its count (every free block) is skipped.
+        self.plan_malloc_releases(size, stream, device_free, false)
             .filter(|planned| planned.in_place)
             .map(|planned| planned.releases)
     }
 
     /// [`CachingAllocator::releases_of_malloc`], and whether the step that serves the miss
-    /// needs no device allocation (an expandable request with no page to map).
-    fn plan_malloc_releases(&self, size: u64, stream: StreamId, device_free: u64) -> Option<PlannedReleases> {
+    /// needs no device allocation (an expandable request with no page to map). Without
+    /// `count_full_release`, a chain that reaches the full release stops there, uncounted.
+    fn plan_malloc_releases(
+        &self,
+        size: u64,
+        stream: StreamId,
+        device_free: u64,
+        count_full_release: bool,
+    ) -> Option<PlannedReleases> {
         use crate::size::MAX_REQUEST;
         let none = PlannedReleases { releases: 0, in_place: false };
         if size == 0 || size >= MAX_REQUEST {
@@ -488,6 +496,9 @@ impl<B: Backend> CachingAllocator<B> {
             if served {
                 return Some(PlannedReleases { releases: plan.releases, in_place });
             }
+        }
+        if !count_full_release {
+            return Some(PlannedReleases { releases: plan.releases, in_place: false });
         }
         // The full release releases all the cache still holds once the outstanding frees have
         // completed, the pages the refused allocations mapped included (free, joined to the
