@@ -944,8 +944,7 @@ fn released_by_next_malloc(
         // allocation; that is also how the full release of a refused device allocation reads
         // when its synchronization frees the block the retry then takes (the same release).
         TraceAction::Alloc => {
-            let sim = allocator.backend();
-            let device_free = sim.device().total_memory.saturating_sub(sim.used());
+            let device_free = unbacked_bytes(allocator.backend());
             allocator.releases_of_malloc_served_in_place(next.size, next.stream, device_free) == Some(run as u64)
         }
         TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
@@ -967,8 +966,7 @@ fn released_by_next_malloc(
             // Garbage collection or a refusal would run: how much the malloc would release is
             // read off the state, in the time of the releases themselves (a copy of the live
             // state per release run made replay quadratic where many blocks stay live).
-            let sim = allocator.backend();
-            let device_free = sim.device().total_memory.saturating_sub(sim.used());
+            let device_free = unbacked_bytes(allocator.backend());
             if let Some(releases) = allocator.releases_of_malloc(request.size, request.stream, device_free) {
                 return releases == run as u64;
             }
@@ -1015,8 +1013,14 @@ fn first_device_allocation_succeeds(allocator: &CachingAllocator<SimBackend>, si
     } else {
         segment
     };
-    let sim = allocator.backend();
-    sim.device().total_memory.saturating_sub(sim.used()) >= needed
+    unbacked_bytes(allocator.backend()) >= needed
+}
+
+/// The simulated device's bytes that back nothing (its total less its segments and mapped
+/// pages): what a device allocation made now could get, the recorded free memory of an `oom`
+/// entry aside.
+fn unbacked_bytes(sim: &SimBackend) -> u64 {
+    sim.device().total_memory.saturating_sub(sim.used())
 }
 
 /// A VA reservation as the trace shows it: from the `segment_map` that started it to the

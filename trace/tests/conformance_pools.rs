@@ -13,14 +13,7 @@ use cachalot_trace::replay::{CallKind, ReplayOptions, replay, verify_against_rec
 mod common;
 
 fn traces() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/pools");
-    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
-        .collect();
-    traces.sort();
-    traces
+    common::pickles_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/pools"))
 }
 
 #[test]

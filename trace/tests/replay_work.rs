@@ -406,13 +406,7 @@ fn no_recorded_trace_needs_a_copy() {
     let testdata = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance");
     let mut traces = common::reference_traces();
     for dir in [testdata.clone(), testdata.join("pools")] {
-        let mut found: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
-            .collect();
-        found.sort();
-        traces.extend(found);
+        traces.extend(common::pickles_in(&dir));
     }
     assert!(traces.len() >= 9 + 7 + 8, "{} traces", traces.len());
     for path in traces {

@@ -16,14 +16,20 @@ pub fn vendored() -> PathBuf {
 /// The nine reference trace pickles, sorted by name.
 #[allow(dead_code, reason = "not every test file reads the reference traces")]
 pub fn reference_traces() -> Vec<PathBuf> {
-    let dir = vendored();
-    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the reference traces are required)", dir.display()))
+    let traces = pickles_in(&vendored());
+    assert_eq!(traces.len(), 9, "all nine reference traces");
+    traces
+}
+
+/// The trace pickles in `dir` (not its subfolders), sorted by name.
+#[allow(dead_code, reason = "not every test file reads a folder of traces")]
+pub fn pickles_in(dir: &Path) -> Vec<PathBuf> {
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (the traces are required)", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
         .collect();
     traces.sort();
-    assert_eq!(traces.len(), 9, "all nine reference traces");
     traces
 }
 
