@@ -487,8 +487,9 @@ impl<B: Backend> CachingAllocator<B> {
             // which a capture must not): the oversize release is the last step that releases,
             // whatever the device answers after it.
             self.plan_oversize_release(&request, &mut plan);
-            let (served, _) = self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped);
-            return Some(PlannedReleases { releases: plan.releases, in_place: in_place && served });
+            // Whether it is then served matters only to the in-place answer.
+            let in_place = in_place && self.plan_device_allocation(&request, &plan, device_free, &pieces, mapped).0;
+            return Some(PlannedReleases { releases: plan.releases, in_place });
         }
         if self.plan_oversize_release(&request, &mut plan) {
             let served;
