@@ -35,14 +35,20 @@
 //!    stream, best fit) that holds it, where there is one, instead of giving a small-pool page
 //!    back and mapping a large-pool one. Only that way round, and only in pages. Below the
 //!    peak each pool maps its own pages, as PyTorch's pools do.
+//! 6. **The small pool grows on its own pages**: a small-pool miss at the peak gives back only
+//!    small-pool pages (of any stream), never a large-pool page; where there are none the peak
+//!    rises by its page. The small pool holds few pages (one serves up to 4,096 blocks), so the
+//!    peak rises by at most its own few, while a page taken from the large pool at every
+//!    small miss at the peak was taken back by the next large miss, on every repeat.
 //!
 //! The price is device calls. A job that frees and re-allocates different sizes goes back to
 //! the device more often (`num_device_alloc` / `num_device_free` show it, and `cachalot tune
 //! --objective device-calls` weighs it): run again, a training step whose peak layout fits the
-//! memory it keeps settles into steps without device calls (convnet_train from its fifth
-//! replay, kvcache_infer from its second), while one whose layout does not fit its own peak
-//! keeps moving a few pages per step (gpt_train: about 25 maps and 90 unmaps per step of 6,396
-//! ops; BENCHMARKS.md §15, which also shows why no peak-keeping variant tried settles it).
+//! memory it keeps settles into steps without device calls (convnet_train from its fourth
+//! replay, kvcache_infer and multistream from their second), while one whose layout does not
+//! fit its own peak keeps moving a few pages per step (gpt_train: 80–130 maps and unmaps per
+//! step of 6,396 ops; BENCHMARKS.md §15, which also shows why no peak-keeping variant tried
+//! settles it).
 //! Giving back only the excess, not the whole cache, is what lets a step find most of its
 //! sizes cached. The cache-hit path is the same as PyTorch's.
 //!
@@ -105,9 +111,10 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Before a cache miss takes new memory for `request`: if that would raise reserved memory
     /// above its peak so far, gives back just enough cached memory that it does not — fully
-    /// free pages and entirely free segments of any stream, in both pools, taken from the
-    /// largest free blocks down — or all there is, when that is not enough. Below the peak the
-    /// cache is kept, as PyTorch keeps it.
+    /// free pages and entirely free segments of any stream, in both pools for a large request
+    /// and in the small pool only for a small one (rule 6), taken from the largest free blocks
+    /// down — or all there is, when that is not enough. Below the peak the cache is kept, as
+    /// PyTorch keeps it.
     ///
     /// Only the excess goes back, not the whole cache: a job that comes back to sizes it freed
     /// (the next step of a training loop) finds most of them still cached. The excess is what
@@ -140,9 +147,13 @@ impl<B: Backend> CachingAllocator<B> {
         let Some((mut excess, spot)) = self.excess_over_peak(request) else {
             return;
         };
-        // One cursor per (pool, stream), at its largest free block not yet visited.
+        // One cursor per (pool, stream), at its largest free block not yet visited. A small
+        // request takes no large-pool page (rule 6).
         cursors.clear();
         for kind in [PoolKind::Large, PoolKind::Small] {
+            if request.pool == PoolKind::Small && kind == PoolKind::Large {
+                continue;
+            }
             let free = &self.pool(request.slot, kind).free;
             for stream in free.streams() {
                 cursors.push((kind, free.last_below(stream, u64::MAX)));
@@ -497,16 +508,23 @@ mod tests {
     }
 
     #[test]
-    fn a_small_request_at_the_peak_does_not_take_a_large_pool_block() {
+    fn a_small_request_at_the_peak_takes_neither_a_large_pool_block_nor_its_pages() {
         let mut allocator = allocator("policy:cachalot");
         let large = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
         let _other = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
         allocator.free(large).unwrap();
         let (allocs, frees) = (allocator.stats().num_device_alloc, allocator.stats().num_device_free);
-        allocator.malloc(4096, StreamId::DEFAULT).unwrap();
-        // Rule 4 gives back a large-pool page and the small pool maps its own.
-        assert_eq!((allocator.stats().num_device_alloc, allocator.stats().num_device_free), (allocs + 1, frees + 1));
-        assert_eq!(allocator.memory_reserved(), 8 * MIB);
+        let small = allocator.malloc(4096, StreamId::DEFAULT).unwrap();
+        // The small pool maps a page of its own and the peak rises by it: the 4 MiB cached in
+        // the large pool stay for the large requests that come back.
+        assert_eq!((allocator.stats().num_device_alloc, allocator.stats().num_device_free), (allocs + 1, frees));
+        assert_eq!((allocator.memory_reserved(), allocator.stats().max_memory_reserved()), (10 * MIB, 10 * MIB));
+        allocator.free(small).unwrap();
+        // Another stream's small request at the peak takes the free small page's place instead:
+        // one unmap, one map, no new peak.
+        allocator.malloc(4096, StreamId(3)).unwrap();
+        assert_eq!(allocator.stats().num_device_free, frees + 1);
+        assert_eq!(allocator.stats().max_memory_reserved(), 10 * MIB);
         allocator.check_consistency().unwrap();
     }
 
