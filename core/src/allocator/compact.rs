@@ -36,8 +36,8 @@
 //!    back and mapping a large-pool one. Only that way round, and only in pages. Below the
 //!    peak each pool maps its own pages, as PyTorch's pools do.
 //! 6. **The small pool grows on its own pages**: a small-pool miss at the peak gives back only
-//!    small-pool pages (of any stream), never a large-pool page; where there are none the peak
-//!    rises by its page. The small pool holds few pages (one serves up to 4,096 blocks), so the
+//!    small-pool memory (pages of any stream, or whole small segments without mapping), never
+//!    large-pool memory; where there is none the peak rises by its page. The small pool holds few pages (one serves up to 4,096 blocks), so the
 //!    peak rises by at most its own few, while a page taken from the large pool at every
 //!    small miss at the peak was taken back by the next large miss, on every repeat.
 //!
