@@ -554,6 +554,34 @@ fn the_plan_answers_policy_cachalot_without_a_trial() {
     }
 }
 
+/// Under `policy:cachalot` a large-pool miss at the peak that a free run of the small pool's
+/// pages holds is served there (rule 5): the plan releases nothing and reserves nothing, as
+/// the malloc on a copy, which maps nothing either; a request the small pool cannot hold
+/// (3 MiB) gives back its page and maps, as rule 4 has it, and the plan counts the release.
+#[test]
+fn the_plan_answers_a_large_request_served_by_the_small_pool_at_the_peak() {
+    let total = 512 * MIB;
+    let mut allocator =
+        CachingAllocator::new(SimBackend::new(total), AllocatorConfig::parse("policy:cachalot").unwrap()).unwrap();
+    let small: Vec<_> = (0..2).map(|_| allocator.malloc(MIB, StreamId::DEFAULT).unwrap()).collect();
+    let _large = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
+    let _another = allocator.malloc(4 * MIB, StreamId(5)).unwrap();
+    for freed in small {
+        allocator.free(freed).unwrap();
+    }
+    let free = total - allocator.backend().used();
+    for (size, releases, mapped) in [(3 * MIB / 2, 0, 0), (2 * MIB, 0, 0), (3 * MIB, 1, 1)] {
+        assert_eq!(allocator.releases_of_malloc(size, StreamId::DEFAULT, free), Some(releases), "{size}");
+        assert_eq!(allocator.reservations_of_failing_malloc(size, StreamId::DEFAULT), Some(0), "{size}");
+        let mut trial = allocator.trial_copy(allocator.backend().trial_copy());
+        let (allocs, frees) = (trial.stats().num_device_alloc, trial.stats().num_device_free);
+        trial.malloc(size, StreamId::DEFAULT).unwrap();
+        assert_eq!(trial.stats().num_device_free - frees, releases, "{size}");
+        assert_eq!(trial.stats().num_device_alloc - allocs, mapped, "{size}");
+        trial.check_consistency().unwrap();
+    }
+}
+
 /// An oversize release that frees enough to retry, at a failing malloc: expandable segments
 /// switched on at run time meet cached oversize segments from before, which only that release
 /// returns. The retry searches again, where the reservation of the first step (if it made one)

@@ -73,8 +73,11 @@ fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
 /// one allocator, live blocks freed between replays) keeps its peak within the goal (on the op
 /// files of reference traces: a synthetic file of one 1 MiB block holds a whole 2 MiB page), and at the
 /// peak gives back only what a miss needs: convnet_train's training step settles into replays
-/// without device calls, which giving back the whole cache at each new miss never did. The
-/// calls per replay are printed with `--nocapture` (BENCHMARKS.md §15).
+/// without device calls from its fourth replay, which giving back the whole cache at each new
+/// miss never did, and kvcache_infer and multistream from their second, where at the peak a
+/// large request takes the small pool's free pages (rule 5) and a small one grows the small
+/// pool (rule 6) instead of moving a page from one pool to the other. The calls per replay are
+/// printed with `--nocapture` (BENCHMARKS.md §15).
 #[test]
 fn a_replayed_job_keeps_its_peak_and_settles() {
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
@@ -105,7 +108,13 @@ fn a_replayed_job_keeps_its_peak_and_settles() {
             assert!(ratio <= GOAL, "{name}: {ratio:.3}x after six replays");
         }
         if name == "trace-convnet_train" {
-            assert_eq!(calls[4..], [0, 0], "{name}: {calls:?}");
+            assert_eq!(calls[3..], [0, 0, 0], "{name}: {calls:?}");
+        }
+        // Their two pools peak at different times: at the peak a large request takes the small
+        // pool's free pages (rule 5) and a small one grows the small pool (rule 6), instead of
+        // moving a page between the pools on every repeat.
+        if name == "trace-kvcache_infer" || name == "trace-multistream" {
+            assert_eq!(calls[1..], [0; 5], "{name}: {calls:?}");
         }
     }
 }

@@ -1,9 +1,10 @@
 //! cachalot's own placement policy (`policy:cachalot`), opt-in: it fragments less than PyTorch's.
 //!
 //! PyTorch's policy trades memory for fewer `cudaMalloc` calls in four places, and this policy
-//! undoes each of them while keeping everything else — pools, stream-keyed best fit, splitting
-//! and merging, cross-stream events, the OOM retry chain, stats and trace events — as the PyTorch policy
-//! has them (`docs/allocator-rules.md` §24):
+//! undoes each of them (rules 1–4), and spares the device calls of moving a page between its
+//! two pools at the peak (rule 5), while keeping everything else — pools, stream-keyed best
+//! fit, splitting and merging, cross-stream events, the OOM retry chain, stats and trace
+//! events — as the PyTorch policy has them (`docs/allocator-rules.md` §24):
 //!
 //! 1. **Rounding**: requests round to 512 bytes only. `roundup_power2_divisions` is ignored, as
 //!    its extra rounding is memory held but never used.
@@ -29,15 +30,27 @@
 //!    brings it close to peak allocated: PyTorch's policy keeps such memory (even that of
 //!    another stream, which cannot serve the request) and takes new memory beside it. Below
 //!    the peak the cache is kept, as PyTorch keeps it.
+//! 5. **At the peak, the small pool's free pages before a page moved**: a large-pool miss
+//!    that would pass the peak first takes a free block of the small pool's pages (same
+//!    stream, best fit) that holds it, where there is one, instead of giving a small-pool page
+//!    back and mapping a large-pool one. Only that way round, and only in pages. Below the
+//!    peak each pool maps its own pages, as PyTorch's pools do.
+//! 6. **The small pool grows on its own pages**: a small-pool miss at the peak gives back only
+//!    small-pool memory (pages of any stream, or whole small segments without mapping), never
+//!    large-pool memory; where there is none the peak rises by its page. The small pool holds few pages (one serves up to 4,096 blocks), so the
+//!    peak rises by at most its own few, while a page taken from the large pool at every
+//!    small miss at the peak was taken back by the next large miss, on every repeat.
 //!
 //! The price is device calls. A job that frees and re-allocates different sizes goes back to
 //! the device more often (`num_device_alloc` / `num_device_free` show it, and `cachalot tune
 //! --objective device-calls` weighs it): run again, a training step whose peak layout fits the
-//! memory it keeps settles into steps without device calls (convnet_train from its fifth
-//! replay), while one whose layout does not fit its own peak keeps moving a few pages per step
-//! (gpt_train: about 25 maps and 90 unmaps per step of 6,396 ops; BENCHMARKS.md §15). Giving
-//! back only the excess, not the whole cache, is what lets a step find most of its sizes
-//! cached. The cache-hit path is the same as PyTorch's.
+//! memory it keeps settles into steps without device calls (convnet_train from its fourth
+//! replay, kvcache_infer and multistream from their second), while one whose layout does not
+//! fit its own peak keeps moving a few pages per step (gpt_train: 80–130 maps and unmaps per
+//! step of 6,396 ops; BENCHMARKS.md §15, which also shows why no peak-keeping variant tried
+//! settles it).
+//! Giving back only the excess, not the whole cache, is what lets a step find most of its
+//! sizes cached. The cache-hit path is the same as PyTorch's.
 //!
 //! Memory of a pending cross-stream free is not touched: its block is not free until its events
 //! complete, so neither the block nor its segment can be returned early, and a free block only
@@ -47,6 +60,7 @@ use super::CachingAllocator;
 use super::malloc::Request;
 use crate::backend::{Backend, StreamId};
 use crate::block::NIL;
+use crate::config::Policy;
 use crate::error::AllocatorError;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_BUFFER};
 
@@ -97,9 +111,10 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Before a cache miss takes new memory for `request`: if that would raise reserved memory
     /// above its peak so far, gives back just enough cached memory that it does not — fully
-    /// free pages and entirely free segments of any stream, in both pools, taken from the
-    /// largest free blocks down — or all there is, when that is not enough. Below the peak the
-    /// cache is kept, as PyTorch keeps it.
+    /// free pages and entirely free segments of any stream, in both pools for a large request
+    /// and in the small pool only for a small one (rule 6), taken from the largest free blocks
+    /// down — or all there is, when that is not enough. Below the peak the cache is kept, as
+    /// PyTorch keeps it.
     ///
     /// Only the excess goes back, not the whole cache: a job that comes back to sizes it freed
     /// (the next step of a training loop) finds most of them still cached. The excess is what
@@ -129,20 +144,16 @@ impl<B: Backend> CachingAllocator<B> {
     pub(super) fn give_backs_before_peak(&self, request: &Request, scratch: &mut GiveBackScratch) {
         let GiveBackScratch { plan, cursors } = scratch;
         plan.clear();
-        let peak = self.stats.max_memory_reserved();
-        // A miss maps at most `alloc_size` bytes: the common case, well below the peak, needs no walk.
-        if self.memory_reserved().saturating_add(request.alloc_size) <= peak {
+        let Some((mut excess, spot)) = self.excess_over_peak(request) else {
             return;
-        }
-        let (needed, spot) = self.memory_a_miss_takes(request);
-        let wanted = self.memory_reserved().saturating_add(needed);
-        if wanted <= peak {
-            return;
-        }
-        let mut excess = wanted - peak;
-        // One cursor per (pool, stream), at its largest free block not yet visited.
+        };
+        // One cursor per (pool, stream), at its largest free block not yet visited. A small
+        // request takes no large-pool page (rule 6).
         cursors.clear();
         for kind in [PoolKind::Large, PoolKind::Small] {
+            if request.pool == PoolKind::Small && kind == PoolKind::Large {
+                continue;
+            }
             let free = &self.pool(request.slot, kind).free;
             for stream in free.streams() {
                 cursors.push((kind, free.last_below(stream, u64::MAX)));
@@ -177,12 +188,56 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// By how much a miss for `request` would take reserved memory above its peak so far, and
+    /// where it maps ([`Self::memory_a_miss_takes`]); `None` when it stays at or below the peak.
+    fn excess_over_peak(&self, request: &Request) -> Option<(u64, Option<MissSpot>)> {
+        let peak = self.stats.max_memory_reserved();
+        // A miss maps at most `alloc_size` bytes: the common case, well below the peak, needs no walk.
+        if self.memory_reserved().saturating_add(request.alloc_size) <= peak {
+            return None;
+        }
+        let (needed, spot) = self.memory_a_miss_takes(request);
+        let wanted = self.memory_reserved().saturating_add(needed);
+        (wanted > peak).then(|| (wanted - peak, spot))
+    }
+
+    /// Rule 5: the free block of the small pool that serves a large-pool miss for `request`
+    /// when that miss would take reserved memory above its peak, and the request as the small
+    /// pool serves it (counted there); `None` otherwise. Only in pages, and only that way
+    /// round.
+    ///
+    /// At the peak, rule 4 would give a page back and map one for the miss: with a free run
+    /// of small-pool pages large enough, that moves a page from one pool to the other, two
+    /// device calls for memory the cache already holds, and a job whose two pools peak at
+    /// different times moves them back and forth on every repeat (trace-kvcache_infer, 24
+    /// calls a repeat; no layout of two separate pools fits its peak: each pool's own peak,
+    /// in pages, adds up to more than 1.15× the job's). The other way round (a small request
+    /// taking a large-pool block at the peak) was tried and not kept: small blocks, often
+    /// long-lived, then pin pages among large ones, and convnet_train no longer settled.
+    /// Below the peak each pool maps its own pages, as before. Read only: the replay's plan of
+    /// a malloc (`inspect.rs`) asks it too. Its cost is on misses only: a best-fit search of
+    /// the small pool, then, where it finds a block, the walk rule 4 makes anyway.
+    pub(super) fn other_pool_block_at_peak(&self, request: &Request) -> Option<(u32, Request)> {
+        if self.config.policy() != Policy::Cachalot || request.pool != PoolKind::Large || !request.expandable {
+            return None;
+        }
+        let served = Request { pool: PoolKind::Small, ..*request };
+        let block = self.best_fit(&served)?;
+        // Pages only: a whole ordinary small segment (left from a run under PyTorch's policy)
+        // keeps rule 3's meaning, and stays for requests of its own pool.
+        if !self.blocks[block].expandable {
+            return None;
+        }
+        self.excess_over_peak(request)?;
+        Some((block, served))
+    }
+
     /// The bytes a miss for `request` takes from the device, and where in an expandable
     /// segment it takes them (segment, first and last address of the free and unmapped blocks
     /// it joins): `find_expandable_block`'s choice, without reserving address space. A free
     /// block there grows by the pages mapped after it, so the miss takes fewer bytes than its
     /// `alloc_size`; never more.
-    fn memory_a_miss_takes(&self, request: &Request) -> (u64, Option<(u32, u64, u64)>) {
+    fn memory_a_miss_takes(&self, request: &Request) -> (u64, Option<MissSpot>) {
         let Some(start) = request.expandable.then(|| self.expandable_room(request)).flatten() else {
             return (request.alloc_size, None);
         };
@@ -261,6 +316,10 @@ impl<B: Backend> CachingAllocator<B> {
         Ok((end - begin) * page)
     }
 }
+
+/// Where in an expandable segment a miss maps ([`CachingAllocator::memory_a_miss_takes`]): the
+/// segment, and the first and end address of the free and unmapped blocks it joins.
+type MissSpot = (u32, u64, u64);
 
 /// What rule 4's walk ([`CachingAllocator::give_backs_before_peak`]) fills: its plan, and its
 /// cursors, one per (pool, stream) at the largest free block not yet visited. The allocator
@@ -405,6 +464,67 @@ mod tests {
         let allocs = allocator.stats().num_device_alloc;
         allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
         assert_eq!(allocator.stats().num_device_alloc, allocs, "a hit");
+        allocator.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn at_the_peak_a_large_request_takes_free_small_pool_pages_instead_of_moving_one() {
+        let mut allocator = allocator("policy:cachalot");
+        let small: Vec<_> = (0..2).map(|_| allocator.malloc(MIB, StreamId::DEFAULT).unwrap()).collect();
+        let _large = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
+        for freed in small {
+            allocator.free(freed).unwrap();
+        }
+        assert_eq!((allocator.memory_reserved(), allocator.stats().max_memory_reserved()), (6 * MIB, 6 * MIB));
+        let calls = |a: &CachingAllocator<SimBackend>| (a.stats().num_device_alloc, a.stats().num_device_free);
+        let before = calls(&allocator);
+        // 1.5 MiB misses in the large pool and would pass the peak by a page: the small pool's
+        // free page holds it, so no page is given back and none mapped.
+        let served = allocator.malloc(3 * MIB / 2, StreamId::DEFAULT).unwrap();
+        assert_eq!(calls(&allocator), before);
+        assert_eq!(allocator.memory_reserved(), 6 * MIB);
+        let small_pool = allocator.stats().allocated_bytes.get(crate::stats::StatType::SmallPool).current;
+        assert_eq!(small_pool, 3 * MIB as i64 / 2, "counted in the pool that serves it");
+        allocator.check_consistency().unwrap();
+        allocator.free(served).unwrap();
+        allocator.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn below_the_peak_each_pool_maps_its_own_pages() {
+        let mut allocator = allocator("policy:cachalot");
+        let high = allocator.malloc(16 * MIB, StreamId::DEFAULT).unwrap();
+        allocator.free(high).unwrap();
+        allocator.empty_cache().unwrap();
+        let small: Vec<_> = (0..2).map(|_| allocator.malloc(MIB, StreamId::DEFAULT).unwrap()).collect();
+        for freed in small {
+            allocator.free(freed).unwrap();
+        }
+        let allocs = allocator.stats().num_device_alloc;
+        allocator.malloc(3 * MIB / 2, StreamId::DEFAULT).unwrap();
+        assert_eq!(allocator.stats().num_device_alloc, allocs + 1, "a large-pool page of its own");
+        assert_eq!(allocator.memory_reserved(), 4 * MIB);
+        allocator.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn a_small_request_at_the_peak_takes_neither_a_large_pool_block_nor_its_pages() {
+        let mut allocator = allocator("policy:cachalot");
+        let large = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
+        let _other = allocator.malloc(4 * MIB, StreamId::DEFAULT).unwrap();
+        allocator.free(large).unwrap();
+        let (allocs, frees) = (allocator.stats().num_device_alloc, allocator.stats().num_device_free);
+        let small = allocator.malloc(4096, StreamId::DEFAULT).unwrap();
+        // The small pool maps a page of its own and the peak rises by it: the 4 MiB cached in
+        // the large pool stay for the large requests that come back.
+        assert_eq!((allocator.stats().num_device_alloc, allocator.stats().num_device_free), (allocs + 1, frees));
+        assert_eq!((allocator.memory_reserved(), allocator.stats().max_memory_reserved()), (10 * MIB, 10 * MIB));
+        allocator.free(small).unwrap();
+        // Another stream's small request at the peak takes the free small page's place instead:
+        // one unmap, one map, no new peak.
+        allocator.malloc(4096, StreamId(3)).unwrap();
+        assert_eq!(allocator.stats().num_device_free, frees + 1);
+        assert_eq!(allocator.stats().max_memory_reserved(), 10 * MIB);
         allocator.check_consistency().unwrap();
     }
 

@@ -462,7 +462,9 @@ impl<B: Backend> CachingAllocator<B> {
             return Some(none);
         }
         let request = self.request(size, stream);
-        if self.plan_hit(&request) {
+        // `policy:cachalot`'s rule 5 serves a large-pool miss at the peak from the small pool's
+        // free pages, with nothing released, as a hit.
+        if self.plan_hit(&request) || self.other_pool_block_at_peak(&request).is_some() {
             return Some(none);
         }
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };
@@ -524,7 +526,7 @@ impl<B: Backend> CachingAllocator<B> {
             return Some(0);
         }
         let request = self.request(size, stream);
-        if !request.expandable || self.plan_hit(&request) {
+        if !request.expandable || self.plan_hit(&request) || self.other_pool_block_at_peak(&request).is_some() {
             return Some(0);
         }
         let mut plan = ReleasePlan { gone: Default::default(), releases: 0, bytes: 0, cuts: Vec::new() };

@@ -61,21 +61,28 @@ impl<B: Backend> CachingAllocator<B> {
         if policy == Policy::Cachalot {
             found = found.and_then(|block| self.compact_keep_hit(block, &request));
         }
-        let block = match found {
-            Some(block) => block,
-            None => self.malloc_miss(&request, size)?,
+        let Some(block) = found else {
+            return self.malloc_miss(&request, size);
         };
         let split = self.should_split(block, &request);
         Ok(self.alloc_found_block(block, &request, size, split))
     }
 
     /// A cache miss: new memory for `request` (of `size` bytes as asked), through the retry
-    /// chain, or the out-of-memory error. Never inlined: kept out of `malloc`, the miss path's
-    /// code (under `policy:cachalot` its give-backs too) does not weigh on how the compiler
-    /// lays out the hit path, which moved by several instructions per op with changes there.
+    /// chain, allocated; or the out-of-memory error. Never inlined: kept out of `malloc`, the
+    /// miss path's code (under `policy:cachalot` its give-backs too) does not weigh on how the
+    /// compiler lays out the hit path, which moved by several instructions per op with changes
+    /// there.
     #[inline(never)]
-    fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<u32, AllocatorError> {
+    fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
         if self.config.policy() == Policy::Cachalot {
+            // Rule 5: at the peak, free pages of the other pool serve the request where they
+            // can, instead of moving a page from that pool to this one.
+            if let Some((block, served)) = self.other_pool_block_at_peak(request) {
+                self.remove_free(block);
+                let split = self.should_split(block, &served);
+                return Ok(self.alloc_found_block(block, &served, size, split));
+            }
             self.return_free_memory_before(request)?;
         }
         if self.gc_enabled() {
@@ -90,7 +97,9 @@ impl<B: Backend> CachingAllocator<B> {
             self.release_cached_blocks()?;
             found = self.alloc_block(request, true)?;
         }
-        found.ok_or_else(|| self.out_of_memory(request, size))
+        let block = found.ok_or_else(|| self.out_of_memory(request, size))?;
+        let split = self.should_split(block, request);
+        Ok(self.alloc_found_block(block, request, size, split))
     }
 
     /// The block and segment sizes, pool and routing of a request of `size` (> 0) bytes on
