@@ -4,7 +4,15 @@
 # alternating, pinned to one core. Prints per file the medians of the rounds' ns per op and the
 # median of the rounds' ratios (ours / PyTorch's policy).
 #
-#   [BACKEND=cuda] [PIN=5] [OUT=DIR] scripts/dev/policy-bench.sh CACHALOT ROUNDS OPS_FILE...
+# With BEST=FILE (lines `OPS_NAME|SETTINGS`, OPS_NAME the op file's name without `.ops`), each
+# file named there is also timed under PyTorch's policy with SETTINGS: the setting `cachalot
+# tune` finds for the trace the file was made from, the one that gives PyTorch's lowest peak.
+# Its `per_process_memory_fraction` is a share of the device it was tuned for (TRACE_TOTAL
+# bytes, an H200's by default), so it is rescaled to this device's total (DEVICE_TOTAL, asked
+# of PyTorch when unset): the same allowed bytes on any device. The table then also gives ours
+# against PyTorch's policy at that setting, both aiming at a low peak.
+#
+#   [BACKEND=cuda] [PIN=5] [OUT=DIR] [BEST=FILE] scripts/dev/policy-bench.sh CACHALOT ROUNDS OPS_FILE...
 set -euo pipefail
 if [[ $# -lt 3 ]]; then
   echo "usage: policy-bench.sh CACHALOT ROUNDS OPS_FILE..." >&2
@@ -14,11 +22,49 @@ bin=$1 rounds=$2
 shift 2
 out=${OUT:-/tmp}/policy-rounds.txt
 : >"$out"
+
+# The settings of PyTorch's best for op file $1 on this device, or nothing.
+best_settings() {
+  [[ -n ${BEST:-} ]] || return 0
+  local line
+  line=$(grep -m1 "^$1|" "$BEST" || true)
+  [[ -n $line ]] || return 0
+  python3 - "${line#*|}" "${TRACE_TOTAL:-150109880320}" "$device_total" <<'PY'
+import sys
+
+settings, tuned_for, here = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+keys = []
+for item in filter(None, settings.split(",")):
+    key, _, value = item.partition(":")
+    if key == "per_process_memory_fraction":
+        value = f"{float(value) * tuned_for / here:.9f}"
+    keys.append(f"{key}:{value}")
+print(",".join(keys) or "default")
+PY
+}
+
+if [[ -n ${BEST:-} ]]; then
+  device_total=${DEVICE_TOTAL:-$(python3 -c "import torch; print(torch.cuda.mem_get_info()[1])")}
+  echo "policy-bench: PyTorch's best settings rescaled to a device of $device_total bytes" >&2
+fi
+
 for r in $(seq "$rounds"); do
-  if ((r % 2)); then order=("" "policy:cachalot"); else order=("policy:cachalot" ""); fi
-  for config in "${order[@]}"; do
-    taskset -c "${PIN:-5}" "$bin" bench --backend "${BACKEND:-cuda}" --config "$config" "$@" 2>/dev/null |
-      awk -v r="$r" -v c="${config:-pytorch}" '/ns\/op/ { sub(/\.ops$/, "", $1); print r, $1, c, $(NF-1) }' >>"$out"
+  for ops in "$@"; do
+    name=$(basename "$ops" .ops)
+    configs=("pytorch=" "policy:cachalot=policy:cachalot")
+    best=$(best_settings "$name")
+    if [[ -n $best ]]; then
+      [[ $best == default ]] && best=""
+      configs+=("best=$best")
+    fi
+    # The order turns by one each round, so no policy always runs first.
+    n=${#configs[@]}
+    for ((i = 0; i < n; i++)); do
+      entry=${configs[$(((i + r) % n))]}
+      label=${entry%%=*} config=${entry#*=}
+      taskset -c "${PIN:-5}" "$bin" bench --backend "${BACKEND:-cuda}" --config "$config" "$ops" 2>/dev/null |
+        awk -v r="$r" -v c="$label" '/ns\/op/ { sub(/\.ops$/, "", $1); print r, $1, c, $(NF-1) }' >>"$out"
+    done
   done
   echo "round $r done" >&2
 done
@@ -31,11 +77,14 @@ rounds = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
     r, name, policy, ns = line.split()
     rounds[(name, int(r))][policy] = float(ns)
-print(f"{'ops file':34} {'pytorch':>9} {'cachalot':>9} {'ratio':>7}  (ns/op medians of rounds; median of the rounds' ratios)")
+print(f"{'ops file':34} {'pytorch':>9} {'best':>9} {'cachalot':>9} {'ours/pytorch':>12} {'ours/best':>9}"
+      "  (ns/op medians of rounds; ratios: medians of the rounds' ratios)")
 for name in sorted({name for name, _ in rounds}):
-    both = [t for (n, _), t in rounds.items() if n == name and len(t) == 2]
-    ours = statistics.median(t["policy:cachalot"] for t in both)
-    theirs = statistics.median(t["pytorch"] for t in both)
-    ratio = statistics.median(t["policy:cachalot"] / t["pytorch"] for t in both)
-    print(f"{name:34} {theirs:9.1f} {ours:9.1f} {ratio:7.3f}  ({len(both)} rounds)")
+    runs = [t for (n, _), t in rounds.items() if n == name and "pytorch" in t and "policy:cachalot" in t]
+    median = lambda key: statistics.median(t[key] for t in runs)
+    ratio = lambda key: statistics.median(t["policy:cachalot"] / t[key] for t in runs)
+    has_best = all("best" in t for t in runs)
+    best, versus_best = (f"{median('best'):9.1f}", f"{ratio('best'):9.3f}") if has_best else (f"{'-':>9}", f"{'-':>9}")
+    print(f"{name:34} {median('pytorch'):9.1f} {best} {median('policy:cachalot'):9.1f} "
+          f"{ratio('pytorch'):12.3f} {versus_best}  ({len(runs)} rounds)")
 PY
