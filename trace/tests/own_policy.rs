@@ -69,15 +69,34 @@ fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
     }
 }
 
-/// A job replayed again (the bench's method: every op file of `testdata/bench-ops` six times on
-/// one allocator, live blocks freed between replays) keeps its peak within the goal (on the op
-/// files of reference traces: a synthetic file of one 1 MiB block holds a whole 2 MiB page), and at the
-/// peak gives back only what a miss needs: convnet_train's training step settles into replays
-/// without device calls from its fourth replay, which giving back the whole cache at each new
-/// miss never did, and kvcache_infer and multistream from their second, where at the peak a
-/// large request takes the small pool's free pages (rule 5) and a small one grows the small
-/// pool (rule 6) instead of moving a page from one pool to the other. The calls per replay are
-/// printed with `--nocapture` (BENCHMARKS.md §15).
+/// The lowest peak reserved of a PyTorch setting under which each op file, replayed 8 times,
+/// settles (no device call from its second replay; BENCHMARKS.md §15, "What PyTorch's best is
+/// for a repeated job"): what a job that repeats gets from PyTorch's policy without moving
+/// memory on every repeat.
+const PYTORCH_SETTLING_PEAK: [(&str, u64); 9] = [
+    ("trace-gpt_train", 1_440_743_424),
+    ("trace-gpt_train_expandable", 1_440_743_424),
+    ("trace-convnet_train", 218_103_808),
+    ("trace-convnet_train_gc", 281_018_368),
+    ("trace-random_stress_maxsplit", 3_909_091_328),
+    ("trace-kvcache_infer", 92_274_688),
+    ("trace-multistream", 58_720_256),
+    ("trace-oom_probe_fraction", 3_162_505_216),
+    ("trace-seeds", 1_153_433_600),
+];
+
+/// A job replayed again (the bench's method: every op file of `testdata/bench-ops` eight times
+/// on one allocator, live blocks freed between replays) keeps its peak within the goal and at
+/// most at the lowest peak of a PyTorch setting that settles on it (on the op files of
+/// reference traces: a synthetic file of one 1 MiB block holds a whole 2 MiB page), and stops
+/// moving pages: at the peak a miss gives back only what it needs (rule 4), a large request
+/// takes the small pool's free pages (rule 5) and a small one grows the small pool (rule 6),
+/// and a miss of a size that met the peak in an earlier repeat keeps the cache up to 1.15×
+/// peak allocated (rule 7). convnet_train, convnet_train_gc, kvcache_infer, multistream,
+/// oom_probe_fraction and seeds make no device call from their fourth replay; gpt_train and
+/// random_stress_maxsplit, which rule 4 alone made move 80–130 and 105–128 pages' calls a
+/// repeat, make at most 20. The calls per replay are printed with `--nocapture` (BENCHMARKS.md
+/// §15).
 #[test]
 fn a_replayed_job_keeps_its_peak_and_settles() {
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
@@ -94,7 +113,7 @@ fn a_replayed_job_keeps_its_peak_and_settles() {
         let mut allocator = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), config).unwrap();
         let mut handles = vec![None; ops.handles];
         let mut calls = Vec::new();
-        for _ in 0..6 {
+        for _ in 0..8 {
             let before = allocator.stats().num_device_alloc + allocator.stats().num_device_free;
             ops.replay(&mut allocator, &mut handles, true).unwrap();
             OpFile::free_live(&mut allocator, &mut handles).unwrap();
@@ -102,19 +121,34 @@ fn a_replayed_job_keeps_its_peak_and_settles() {
         }
         allocator.check_consistency().unwrap();
         let stats = allocator.stats();
-        let ratio = stats.max_memory_reserved() as f64 / stats.max_memory_allocated() as f64;
-        println!("{name}: device calls per replay {calls:?}, peak reserved {:.3}x peak allocated", ratio);
+        let peak = stats.max_memory_reserved();
+        let ratio = peak as f64 / stats.max_memory_allocated() as f64;
+        println!("{name}: device calls per replay {calls:?}, peak reserved {peak} B, {ratio:.3}x peak allocated");
         if name.starts_with("trace-") {
-            assert!(ratio <= GOAL, "{name}: {ratio:.3}x after six replays");
+            assert!(ratio <= GOAL, "{name}: {ratio:.3}x after eight replays");
         }
-        if name == "trace-convnet_train" {
-            assert_eq!(calls[3..], [0, 0, 0], "{name}: {calls:?}");
+        if let Some(&(_, settling)) = PYTORCH_SETTLING_PEAK.iter().find(|(file, _)| *file == name) {
+            assert!(peak <= settling, "{name}: {peak} B after eight replays, PyTorch settles at {settling} B");
+        }
+        let settles = [
+            "trace-convnet_train",
+            "trace-convnet_train_gc",
+            "trace-kvcache_infer",
+            "trace-multistream",
+            "trace-oom_probe_fraction",
+            "trace-seeds",
+        ];
+        if settles.contains(&name.as_str()) {
+            assert_eq!(calls[3..], [0; 5], "{name}: {calls:?}");
         }
         // Their two pools peak at different times: at the peak a large request takes the small
         // pool's free pages (rule 5) and a small one grows the small pool (rule 6), instead of
         // moving a page between the pools on every repeat.
         if name == "trace-kvcache_infer" || name == "trace-multistream" {
-            assert_eq!(calls[1..], [0; 5], "{name}: {calls:?}");
+            assert_eq!(calls[1..], [0; 7], "{name}: {calls:?}");
+        }
+        if name.starts_with("trace-gpt_train") || name == "trace-random_stress_maxsplit" {
+            assert!(calls[3..].iter().all(|&c| c <= 20), "{name}: {calls:?}");
         }
     }
 }
