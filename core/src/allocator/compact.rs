@@ -45,19 +45,22 @@
 //!    peak before live memory last fell to 0 (an earlier repeat of the job: a step, request or
 //!    replay that ended), a miss at the peak gives nothing back while reserved memory stays
 //!    within 1.15× peak allocated (the policy's goal) and raises the peak instead; above that,
-//!    rule 4 gives back what passes it. Within one run nothing changes (a size recurring at the
-//!    peak inside one trace is a training loop's next step, not a repeat), so single runs keep
-//!    rule 4's peaks, while a job run again stops moving the same pages on every repeat
-//!    ([`CachingAllocator::repeat_ceiling`] says why the ceiling is the goal and not lower).
+//!    rule 4 gives back what passes it. Such a miss also maps, in pages, where it maps the
+//!    fewest pages rather than in the lowest run that holds it (`expandable_room`), so that it
+//!    does not take the pages of the job's other recurring requests. Within one run nothing
+//!    changes (a size recurring at the peak inside one trace is a training loop's next step,
+//!    not a repeat), so single runs keep rule 4's peaks, while a job run again stops moving
+//!    the same pages on every repeat ([`CachingAllocator::repeat_ceiling`] says why the
+//!    ceiling is the goal and not lower).
 //!
 //! The price is device calls. A job that frees and re-allocates different sizes goes back to
 //! the device more often (`num_device_alloc` / `num_device_free` show it, and `cachalot tune
 //! --objective device-calls` weighs it): run again, a training step whose peak layout fits the
 //! memory it keeps settles into steps without device calls (convnet_train, convnet_train_gc,
-//! oom_probe_fraction and seeds from their third replay under rule 7, kvcache_infer and
-//! multistream from their second), while one whose layout does not fit 1.15× its peak
-//! allocated keeps moving a few pages per step (gpt_train 8–19 maps and unmaps per step of
-//! 6,396 ops, 80–130 without rule 7; BENCHMARKS.md §15).
+//! oom_probe_fraction and seeds from their third replay under rule 7, gpt_train from its
+//! fifth, kvcache_infer and multistream from their second), while one whose layout does not
+//! fit 1.15× its peak allocated keeps moving a few pages per repeat (random_stress_maxsplit
+//! 4–10 maps and unmaps, 105–128 without rule 7; BENCHMARKS.md §15).
 //! Giving back only the excess, not the whole cache, is what lets a step find most of its
 //! sizes cached. The cache-hit path is the same as PyTorch's.
 //!
@@ -233,13 +236,22 @@ impl<B: Backend> CachingAllocator<B> {
     /// and a 32 MiB miss moved one page between them, 4 calls every repeat).
     /// Read only: the replay's plan of a malloc (`inspect.rs`) asks it too.
     fn repeat_ceiling(&self, request: &Request) -> Option<u64> {
-        let first_repeat = *self.repeats.first_peak_miss.get(&request.size)?;
-        if first_repeat == self.repeats.times_emptied {
+        if !self.recurs_in_a_repeat(request) {
             return None;
         }
         let allocated = u128::from(self.stats.max_memory_allocated());
         let ceiling = u64::try_from(allocated * u128::from(REPEAT_CEILING_PERCENT) / 100).unwrap_or(u64::MAX);
         (ceiling > self.stats.max_memory_reserved()).then_some(ceiling)
+    }
+
+    /// Rule 7's sign of a repeat: a miss of `request`'s size met the peak (rule 4's trigger)
+    /// before live memory last fell to 0. Such a miss keeps the cache up to the ceiling
+    /// ([`Self::repeat_ceiling`]) and maps where it maps the fewest pages
+    /// (`expandable_room`). One hash lookup, on misses only. Read only: the replay's plan of a
+    /// malloc (`inspect.rs`, `planned_cuts.rs`) asks it too.
+    pub(super) fn recurs_in_a_repeat(&self, request: &Request) -> bool {
+        let repeats = &self.repeats;
+        repeats.first_peak_miss.get(&request.size).is_some_and(|&first| first != repeats.times_emptied)
     }
 
     /// By how much a miss for `request` would take reserved memory above its peak so far, and
