@@ -73,9 +73,13 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `find_expandable_block`'s search among the existing segments, without making a new one:
     /// the first block of the lowest run of free and unmapped blocks of the request's stream
-    /// and pool that offers the request's bytes. Read only: the replay's plan of a malloc and
-    /// `policy:cachalot`'s rule 4 ask it too.
+    /// and pool that offers the request's bytes; under `policy:cachalot`, for a miss that
+    /// recurs in a repeat of the job (rule 7), the lowest of those that map the fewest pages.
+    /// Read only: the replay's plan of a malloc and `policy:cachalot`'s rule 4 ask it too.
     pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
+        if self.config.policy() == Policy::Cachalot && self.recurs_in_a_repeat(request) {
+            return self.room_mapping_fewest_pages(request);
+        }
         let (stream, size) = (request.stream, request.size);
         let tree = &self.pool(request.slot, request.pool).unmapped;
         for unmapped in tree.walk_stream(&self.blocks, stream) {
@@ -92,6 +96,38 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         None
+    }
+
+    /// Rule 7 of `policy:cachalot` (`compact.rs`): the first block of the run of free and
+    /// unmapped blocks of the request's stream and pool that offers the request's bytes with
+    /// the fewest pages to map, the lowest of them where several map as few. PyTorch's lowest
+    /// run may map many pages beside a free block that one page would have grown; in a repeat
+    /// at rule 7's ceiling each page mapped is one given back from the largest free blocks,
+    /// the places of the job's other recurring requests (trace-gpt_train's 131 and 139 MB
+    /// logits took each other's pages on every repeat).
+    fn room_mapping_fewest_pages(&self, request: &Request) -> Option<u32> {
+        let (stream, size) = (request.stream, request.size);
+        let tree = &self.pool(request.slot, request.pool).unmapped;
+        let mut fewest: Option<(u64, u32)> = None;
+        for unmapped in tree.walk_stream(&self.blocks, stream) {
+            let prev = self.blocks[unmapped].prev;
+            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
+            let (mut bytes, mut to_map) = (0, 0);
+            let mut b = start;
+            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
+                let block = &self.blocks[b];
+                if !block.mapped {
+                    let (_, page) = self.segment_pages(block.segment);
+                    to_map += (size - bytes).min(block.size).div_ceil(page) * page;
+                }
+                bytes += block.size;
+                b = block.next;
+            }
+            if bytes >= size && fewest.is_none_or(|(least, _)| to_map < least) {
+                fewest = Some((to_map, start));
+            }
+        }
+        fewest.map(|(_, start)| start)
     }
 
     /// The page size of a new expandable segment of `pool`: 2 MiB in the small pool; in the

@@ -161,6 +161,10 @@ pub struct CachingAllocator<B: Backend> {
     /// The vectors `policy:cachalot`'s rule 4 fills at each miss at the peak, kept between
     /// misses so that it allocates nothing once warm (`compact.rs`).
     give_back_scratch: compact::GiveBackScratch,
+    /// What `policy:cachalot`'s rule 7 knows of a job's repeats: how often live memory fell to
+    /// 0, and when each size first met rule 4's peak (`compact.rs`). Counted under PyTorch's
+    /// policy too (one comparison per free), read only by rule 7.
+    repeats: compact::Repeats,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -196,6 +200,7 @@ impl<B: Backend> CachingAllocator<B> {
             gc_clock_started: false,
             oom_observers: OomObservers::default(),
             give_back_scratch: compact::GiveBackScratch::default(),
+            repeats: compact::Repeats::default(),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -622,6 +627,7 @@ where
             gc_clock_started: self.gc_clock_started,
             oom_observers: OomObservers::default(),
             give_back_scratch: compact::GiveBackScratch::default(),
+            repeats: self.repeats.clone(),
         }
     }
 }

@@ -183,8 +183,15 @@ impl<'a, B: Backend> CutView<'a, B> {
     /// nothing mapped. A run's bytes are those of the blocks it spans before the cuts (the
     /// parts of a cut block are all free, so they span the same), counted from the block its
     /// first part begins.
+    ///
+    /// Under `policy:cachalot`, for a miss that recurs in a repeat of the job (rule 7), the
+    /// lowest of the runs that map the fewest pages, as `expandable_room` chooses it: each run
+    /// is counted over the parts the cuts leave (a hole's pages given back are mapped again).
     pub(super) fn room(&self, request: &Request) -> Option<Part> {
         let allocator = self.allocator;
+        let fewest_pages =
+            allocator.config.policy() == crate::config::Policy::Cachalot && allocator.recurs_in_a_repeat(request);
+        let mut fewest: Option<(u64, Part)> = None;
         let blocks = &allocator.blocks;
         let (stream, size) = (request.stream, request.size);
         let segment_of = |id: u32| blocks[id].segment;
@@ -210,7 +217,7 @@ impl<'a, B: Backend> CutView<'a, B> {
             tree.walk_stream(blocks, stream).filter(|&id| self.starts_hole(id) && searched(id)).peekable();
         loop {
             let from_cut = match (unmapped.peek(), cut_holes.peek()) {
-                (None, None) => return None,
+                (None, None) => break,
                 (Some(&id), Some(&(begin, _))) => begin < blocks[id].ptr,
                 (None, Some(_)) => true,
                 (Some(_), None) => false,
@@ -237,9 +244,38 @@ impl<'a, B: Backend> CutView<'a, B> {
                 bytes += blocks[b].size;
                 b = blocks[b].next;
             }
-            if bytes >= size {
+            if bytes < size {
+                continue;
+            }
+            if !fewest_pages {
                 return Some(start);
             }
+            let to_map = self.pages_to_map_from(start, size);
+            if fewest.is_none_or(|(least, _)| to_map < least) {
+                fewest = Some((to_map, start));
+            }
         }
+        fewest.map(|(_, start)| start)
+    }
+
+    /// The bytes of pages a request of `size` bytes maps in the run of free and unmapped parts
+    /// beginning with `start` (which holds it), as `try_allocate_expandable_block` maps them:
+    /// each unmapped part up to what is still missing, rounded up to its pages.
+    fn pages_to_map_from(&self, start: Part, size: u64) -> u64 {
+        let blocks = &self.allocator.blocks;
+        let (mut bytes, mut to_map, mut part) = (0, 0, Some(start));
+        while bytes < size
+            && let Some(current) = part.filter(|&p| self.is_allocatable(p))
+        {
+            let (_, len, mapped) = self.span(current);
+            if !mapped {
+                let (Part::Whole(id) | Part::Below(id) | Part::Hole(id) | Part::Above(id)) = current;
+                let (_, page) = self.allocator.segment_pages(blocks[id].segment);
+                to_map += (size - bytes).min(len).div_ceil(page) * page;
+            }
+            bytes += len;
+            part = self.next(current);
+        }
+        to_map
     }
 }
