@@ -38,20 +38,22 @@
 //!    peak each pool maps its own pages, as PyTorch's pools do.
 //! 6. **The small pool grows on its own pages**: a small-pool miss at the peak gives back only
 //!    small-pool memory (pages of any stream, or whole small segments without mapping), never
-//!    large-pool memory; where there is none the peak rises by its page. The small pool holds few pages (one serves up to 4,096 blocks), so the
-//!    peak rises by at most its own few, while a page taken from the large pool at every
-//!    small miss at the peak was taken back by the next large miss, on every repeat.
+//!    large-pool memory; where there is none the peak rises by its page. The small pool holds
+//!    few pages (one serves up to 4,096 blocks), so the peak rises by at most its own few,
+//!    while a page taken from the large pool at every small miss at the peak was taken back by
+//!    the next large miss, on every repeat.
 //! 7. **A repeated job keeps what its repeats need**: where a miss of the same size met the
-//!    peak before live memory last fell to 0 (an earlier repeat of the job: a step, request or
-//!    replay that ended), a miss at the peak gives nothing back while reserved memory stays
-//!    within 1.15× peak allocated (the policy's goal) and raises the peak instead; above that,
-//!    rule 4 gives back what passes it. Such a miss also maps, in pages, where it maps the
-//!    fewest pages rather than in the lowest run that holds it (`expandable_room`), so that it
-//!    does not take the pages of the job's other recurring requests. Within one run nothing
-//!    changes (a size recurring at the peak inside one trace is a training loop's next step,
-//!    not a repeat), so single runs keep rule 4's peaks, while a job run again stops moving
-//!    the same pages on every repeat ([`CachingAllocator::repeat_ceiling`] says why the
-//!    ceiling is the goal and not lower).
+//!    peak before live memory last fell to 0 (an earlier repeat of the job, which released
+//!    everything and started again), a miss at the peak gives nothing back while reserved
+//!    memory stays within 1.15× peak allocated (the policy's goal) and raises the peak
+//!    instead; above that, rule 4 gives back what passes it. Such a miss also maps, in pages,
+//!    where it maps the fewest pages rather than in the lowest run that holds it
+//!    (`expandable_room`), so that it does not take the pages of the job's other recurring
+//!    requests. Within one run nothing changes (a size recurring at the peak inside one trace
+//!    is a training loop's next step, not a repeat: its weights stay live), so single runs
+//!    keep rule 4's peaks and moves, while a job run again stops moving the same pages on
+//!    every repeat ([`CachingAllocator::repeat_ceiling`] says why the ceiling is the goal and
+//!    not lower).
 //!
 //! The price is device calls. A job that frees and re-allocates different sizes goes back to
 //! the device more often (`num_device_alloc` / `num_device_free` show it, and `cachalot tune
@@ -229,7 +231,9 @@ impl<B: Backend> CachingAllocator<B> {
     /// one run a miss of a size seen at the peak before is no sign of a repeat (a training
     /// loop's steps recur within one trace: letting those raise the peak raised gpt_train's
     /// single replay above PyTorch's best setting), but live memory falling to 0 in between
-    /// is: the job ended (a step, a request, a replay) and started again. The ceiling is the
+    /// is: the job released everything and started again (an op file replayed, a sweep's next
+    /// trial, a service's next request). A training loop's steps keep its weights live, so
+    /// they are no repeats here and keep rule 4's moves. The ceiling is the
     /// policy's own goal, not a guess at a job's need: a ceiling below what a job's repeated
     /// layout needs turns this rule back into rule 4 at a higher peak, with the same moves
     /// (trace-convnet_train at 1.10×: one page short of the 98 its repeats need, so a 16 MiB
