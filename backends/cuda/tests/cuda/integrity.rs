@@ -137,13 +137,15 @@ fn run(config: AllocatorConfig, seed: u64, test: &str) {
     allocator.empty_cache().unwrap();
     println!(
         "{OPS} ops in {:.1?}: {} allocations, {} frees, {} cross-stream writes, {} pattern checks; peak reserved \
-         {} bytes; {errors} corrupted words",
+         {} bytes; {} device allocations and maps, {} frees and unmaps; {errors} corrupted words",
         started.elapsed(),
         counts.allocs,
         counts.frees,
         counts.cross_writes,
         counts.checks,
         allocator.stats().reserved_bytes.all().peak,
+        allocator.stats().num_device_alloc,
+        allocator.stats().num_device_free,
     );
     assert_eq!(errors, 0, "corrupted words");
     assert!(counts.allocs + counts.frees + counts.cross_writes >= OPS);
@@ -164,4 +166,13 @@ fn random_workload_keeps_every_byte() {
 fn random_workload_keeps_every_byte_with_expandable_segments() {
     let config = AllocatorConfig::parse("expandable_segments:True").expect("config");
     run(config, 0x5eed_0002, "random_workload_keeps_every_byte_with_expandable_segments");
+}
+
+/// cachalot's own policy (`docs/allocator-rules.md` §24): at its peak it unmaps the free pages
+/// at the top of free blocks that sit between live ones, and maps pages for misses beside
+/// them, on every repeat of the workload's sizes; not one word of a live block may move.
+#[test]
+fn random_workload_keeps_every_byte_under_policy_cachalot() {
+    let config = AllocatorConfig::parse("policy:cachalot").expect("config");
+    run(config, 0x5eed_0003, "random_workload_keeps_every_byte_under_policy_cachalot");
 }
