@@ -73,7 +73,6 @@
 use super::CachingAllocator;
 use super::malloc::Request;
 use crate::backend::{Backend, StreamId};
-use crate::block::NIL;
 use crate::config::Policy;
 use crate::error::AllocatorError;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_BUFFER};
@@ -311,21 +310,8 @@ impl<B: Backend> CachingAllocator<B> {
         let Some(start) = request.expandable.then(|| self.expandable_room(request)).flatten() else {
             return (request.alloc_size, None);
         };
-        // The run `expandable_room` found, walked again for the pages it lacks and its end.
-        let size = request.size;
-        let (mut bytes, mut mapped, mut end, mut b) = (0, 0, 0, start);
-        while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-            let block = &self.blocks[b];
-            if !block.mapped {
-                let (_, page) = self.segment_pages(block.segment);
-                mapped += (size - bytes).min(block.size).div_ceil(page) * page;
-            }
-            bytes += block.size;
-            end = block.ptr + block.size;
-            b = block.next;
-        }
-        let first = &self.blocks[start];
-        (mapped, Some((first.segment, first.ptr, end)))
+        let run = self.run_from(start, request.size);
+        (run.to_map, Some((self.blocks[start].segment, self.blocks[start].ptr, run.end)))
     }
 
     /// The page range `give_back_from(id, wanted)` unmaps from the expandable free block `id`

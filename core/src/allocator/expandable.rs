@@ -80,22 +80,11 @@ impl<B: Backend> CachingAllocator<B> {
         if self.config.policy() == Policy::Cachalot && self.recurs_in_a_repeat(request) {
             return self.room_mapping_fewest_pages(request);
         }
-        let (stream, size) = (request.stream, request.size);
         let tree = &self.pool(request.slot, request.pool).unmapped;
-        for unmapped in tree.walk_stream(&self.blocks, stream) {
-            let prev = self.blocks[unmapped].prev;
-            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-            let mut bytes = 0;
-            let mut b = start;
-            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-                bytes += self.blocks[b].size;
-                b = self.blocks[b].next;
-            }
-            if bytes >= size {
-                return Some(start);
-            }
-        }
-        None
+        tree.walk_stream(&self.blocks, request.stream)
+            .map(|unmapped| self.run_through(unmapped, request.size))
+            .find(|run| run.bytes >= request.size)
+            .map(|run| run.start)
     }
 
     /// Rule 7 of `policy:cachalot` (`compact.rs`): the first block of the run of free and
@@ -106,28 +95,40 @@ impl<B: Backend> CachingAllocator<B> {
     /// the places of the job's other recurring requests (trace-gpt_train's 131 and 139 MB
     /// logits took each other's pages on every repeat).
     fn room_mapping_fewest_pages(&self, request: &Request) -> Option<u32> {
-        let (stream, size) = (request.stream, request.size);
         let tree = &self.pool(request.slot, request.pool).unmapped;
-        let mut fewest: Option<(u64, u32)> = None;
-        for unmapped in tree.walk_stream(&self.blocks, stream) {
-            let prev = self.blocks[unmapped].prev;
-            let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-            let (mut bytes, mut to_map) = (0, 0);
-            let mut b = start;
-            while bytes < size && b != NIL && self.blocks.is_allocatable(b) {
-                let block = &self.blocks[b];
-                if !block.mapped {
-                    let (_, page) = self.segment_pages(block.segment);
-                    to_map += (size - bytes).min(block.size).div_ceil(page) * page;
-                }
-                bytes += block.size;
-                b = block.next;
+        tree.walk_stream(&self.blocks, request.stream)
+            .map(|unmapped| self.run_through(unmapped, request.size))
+            .filter(|run| run.bytes >= request.size)
+            .min_by_key(|run| run.to_map) // the first, the lowest, of the runs mapping as few
+            .map(|run| run.start)
+    }
+
+    /// The run of free and unmapped blocks that holds the unmapped block `unmapped`: it starts
+    /// at the free block before `unmapped` if there is one (a free block grows into the pages
+    /// after it), and is walked as far as a request of `size` bytes reaches.
+    fn run_through(&self, unmapped: u32, size: u64) -> Run {
+        let prev = self.blocks[unmapped].prev;
+        let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
+        self.run_from(start, size)
+    }
+
+    /// The run of free and unmapped blocks from `start`, walked as far as a request of `size`
+    /// bytes reaches (or to the run's end, where it offers less): what it offers, the bytes of
+    /// the pages the request would map there, and where the walk ended.
+    pub(super) fn run_from(&self, start: u32, size: u64) -> Run {
+        let mut run = Run { start, bytes: 0, to_map: 0, end: self.blocks[start].ptr };
+        let mut b = start;
+        while run.bytes < size && b != NIL && self.blocks.is_allocatable(b) {
+            let block = &self.blocks[b];
+            if !block.mapped {
+                let (_, page) = self.segment_pages(block.segment);
+                run.to_map += (size - run.bytes).min(block.size).div_ceil(page) * page;
             }
-            if bytes >= size && fewest.is_none_or(|(least, _)| to_map < least) {
-                fewest = Some((to_map, start));
-            }
+            run.bytes += block.size;
+            run.end = block.ptr + block.size;
+            b = block.next;
         }
-        fewest.map(|(_, start)| start)
+        run
     }
 
     /// The page size of a new expandable segment of `pool`: 2 MiB in the small pool; in the
@@ -264,4 +265,18 @@ impl<B: Backend> CachingAllocator<B> {
         let s = &self.segments[segment];
         (s.base, s.page_size.unwrap_or(SMALL_BUFFER))
     }
+}
+
+/// A run of free and unmapped blocks of one expandable segment, as far as a request walked it
+/// (`CachingAllocator::run_from`).
+#[derive(Clone, Copy)]
+pub(super) struct Run {
+    /// The run's first block: where `find_expandable_block` starts the request.
+    pub start: u32,
+    /// The bytes of the blocks walked: at least the request's where the run can serve it.
+    pub bytes: u64,
+    /// The bytes of the pages the request would map in the run.
+    pub to_map: u64,
+    /// The address just past the last block walked.
+    pub end: u64,
 }
