@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
+use cachalot_trace::ops::OpFile;
 use cachalot_trace::replay::{ReplayOptions, replay};
 use cachalot_trace::tune::{Objective, own_policy_settings, tune};
 
@@ -13,6 +14,22 @@ use common::{load, reference_traces as traces};
 
 /// The goal of issue 18: peak reserved within 15% of peak allocated.
 const GOAL: f64 = 1.15;
+
+/// The op files of `testdata/bench-ops` (the bench's workloads), by name without `.ops`, in
+/// name order.
+fn bench_op_files() -> Vec<(String, OpFile)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "ops"))
+        .map(|path| {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            (name, OpFile::parse(&std::fs::read_to_string(path).unwrap()).unwrap())
+        })
+        .collect()
+}
 
 #[test]
 fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
@@ -100,15 +117,9 @@ const PYTORCH_SETTLING_PEAK: [(&str, u64); 9] = [
 #[test]
 fn a_replayed_job_keeps_its_peak_and_settles() {
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
-    use cachalot_trace::ops::OpFile;
     use cachalot_trace::replay::DEFAULT_DEVICE_TOTAL;
 
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    files.sort();
-    for path in files.iter().filter(|p| p.extension().is_some_and(|x| x == "ops")) {
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let ops = OpFile::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for (name, ops) in bench_op_files() {
         let config = AllocatorConfig::parse("policy:cachalot").unwrap();
         let mut allocator = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), config).unwrap();
         let mut handles = vec![None; ops.handles];
@@ -166,18 +177,10 @@ fn a_replayed_job_keeps_its_peak_and_settles() {
 #[test]
 fn the_plan_predicts_every_malloc_of_a_repeated_job() {
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
-    use cachalot_trace::ops::{Op, OpFile};
+    use cachalot_trace::ops::Op;
     use cachalot_trace::replay::DEFAULT_DEVICE_TOTAL;
 
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    files.sort();
-    for path in files.iter().filter(|p| p.extension().is_some_and(|x| x == "ops")) {
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if !name.starts_with("trace-") {
-            continue;
-        }
-        let ops = OpFile::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for (name, ops) in bench_op_files().into_iter().filter(|(name, _)| name.starts_with("trace-")) {
         let config = AllocatorConfig::parse("policy:cachalot").unwrap();
         let mut roomy = CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), config.clone()).unwrap();
         let mut handles = vec![None; ops.handles];

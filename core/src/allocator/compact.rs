@@ -257,6 +257,13 @@ impl<B: Backend> CachingAllocator<B> {
         repeats.first_peak_miss.get(&request.size).is_some_and(|&first| first != repeats.times_emptied)
     }
 
+    /// Whether a miss for `request` maps where it maps the fewest pages (rule 7) rather than
+    /// in the lowest run that holds it (PyTorch's `find_expandable_block`): the one place that
+    /// decides it, for the malloc (`expandable_room`) and its plan (`CutView::room`) alike.
+    pub(super) fn maps_fewest_pages(&self, request: &Request) -> bool {
+        self.config.policy() == Policy::Cachalot && self.recurs_in_a_repeat(request)
+    }
+
     /// By how much a miss for `request` would take reserved memory above its peak so far, and
     /// where it maps ([`Self::memory_a_miss_takes`]); `None` when it stays at or below the peak.
     fn excess_over_peak(&self, request: &Request) -> Option<(u64, Option<MissSpot>)> {

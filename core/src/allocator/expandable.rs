@@ -77,7 +77,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// recurs in a repeat of the job (rule 7), the lowest of those that map the fewest pages.
     /// Read only: the replay's plan of a malloc and `policy:cachalot`'s rule 4 ask it too.
     pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
-        if self.config.policy() == Policy::Cachalot && self.recurs_in_a_repeat(request) {
+        if self.maps_fewest_pages(request) {
             return self.room_mapping_fewest_pages(request);
         }
         let tree = &self.pool(request.slot, request.pool).unmapped;

@@ -189,8 +189,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     /// is counted over the parts the cuts leave (a hole's pages given back are mapped again).
     pub(super) fn room(&self, request: &Request) -> Option<Part> {
         let allocator = self.allocator;
-        let fewest_pages =
-            allocator.config.policy() == crate::config::Policy::Cachalot && allocator.recurs_in_a_repeat(request);
+        let fewest_pages = allocator.maps_fewest_pages(request);
         let mut fewest: Option<(u64, Part)> = None;
         let blocks = &allocator.blocks;
         let (stream, size) = (request.stream, request.size);
