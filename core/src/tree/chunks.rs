@@ -241,8 +241,11 @@ impl List {
             self.small.len = 0;
             self.entries.push(Entry::new(c.last_key(), chunk));
         }
-        // A key above every other goes to the end of the last chunk.
-        let mut i = self.entry_for(key).min(self.entries.len() - 1);
+        // A key above every other goes to the end of the last chunk, without the two searches:
+        // blocks of one size freed in address order each come after all the others.
+        let last = self.entries.len() - 1;
+        let append = key > self.entries[last].last();
+        let mut i = if append { last } else { self.entry_for(key) };
         if arena.get(self.entries[i].chunk).len == CAP {
             self.split(arena, i);
             if key > self.entries[i].last() {
@@ -251,7 +254,10 @@ impl List {
         }
         let entry = &mut self.entries[i];
         let chunk = arena.get_mut(entry.chunk);
-        chunk.insert(key, id);
+        match append {
+            true => chunk.insert_at(chunk.len, key, id),
+            false => chunk.insert(key, id),
+        }
         entry.set_last(chunk.last_key());
     }
 
@@ -280,12 +286,16 @@ impl List {
         if self.entries.is_empty() {
             return self.small.remove(key);
         }
-        let first = arena.get(self.entries[0].chunk).keys[0];
-        let i = if key == first { 0 } else { self.entry_for(key) };
+        // Best fit takes a list's smallest key most of the time: its place is known without a
+        // search in the entries or the chunk.
+        let taken_first = key == arena.get(self.entries[0].chunk).keys[0];
+        let i = if taken_first { 0 } else { self.entry_for(key) };
         let only_chunk = self.entries.len() == 1;
         let Some(entry) = self.entries.get_mut(i) else { return false };
         let chunk = arena.get_mut(entry.chunk);
-        if !chunk.remove(key) {
+        if taken_first {
+            chunk.remove_at(0);
+        } else if !chunk.remove(key) {
             return false;
         }
         match chunk.len {
@@ -454,6 +464,25 @@ mod tests {
             assert!(list.remove(&mut arena, (512, 0)));
             assert!(list.is_empty());
         }
+    }
+
+    /// Blocks of one size freed in address order are appended without a search, through the
+    /// splits of the last chunk, and taken back from the front: the list stays in order.
+    #[test]
+    fn appends_and_takes_from_the_front_keep_order() {
+        let mut arena = Arena::default();
+        let mut list = List::default();
+        for k in 0..100u64 {
+            list.insert(&mut arena, (1 << 26, k << 26), k as u32);
+            assert_eq!(list.check(&arena).unwrap(), k as usize + 1);
+            assert_eq!(list.last(&arena).map(|(_, id)| id), Some(k as u32));
+        }
+        for k in 0..100u64 {
+            assert_eq!(list.first(&arena).map(|(_, id)| id), Some(k as u32));
+            assert!(list.remove(&mut arena, (1 << 26, k << 26)));
+            assert_eq!(list.check(&arena).unwrap(), 99 - k as usize);
+        }
+        assert!(list.is_empty());
     }
 
     /// A list against a `BTreeMap` under random inserts and removals, through splits and merges.
