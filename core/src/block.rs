@@ -263,17 +263,15 @@ impl Blocks {
         Ok(())
     }
 
-    /// Takes the block's stream uses (empty when it has none).
+    /// Whether the block was used on streams other than its own: while no block was, no cold
+    /// part is read.
     #[inline]
-    pub(crate) fn take_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
-        if self.with_stream_uses == 0 {
-            return Vec::new();
-        }
-        self.take_recorded_stream_uses(index)
+    pub(crate) fn has_stream_uses(&self, index: u32) -> bool {
+        self.with_stream_uses != 0 && self.cold[index as usize].stream_uses.is_some()
     }
 
-    #[cold]
-    fn take_recorded_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
+    /// Takes the block's stream uses (empty when it has none).
+    pub(crate) fn take_stream_uses(&mut self, index: u32) -> Vec<StreamId> {
         match self.cold[index as usize].stream_uses.take() {
             Some(uses) => {
                 self.with_stream_uses -= 1;

@@ -23,9 +23,31 @@ impl<B: Backend> CachingAllocator<B> {
             };
         }
         let id = self.live_block(&allocation)?;
+        // A block used on no other stream (nearly every free) goes straight back to its pool.
+        if !self.blocks.has_stream_uses(id) {
+            self.free_requested(id);
+            self.free_block(id);
+            return Ok(());
+        }
         // Record the events first: if the device fails, the block stays allocated and intact.
         let events = self.record_free_events(id)?;
+        self.free_requested(id);
+        if events.is_empty() {
+            self.free_block(id);
+            return Ok(());
+        }
+        // record_stream keeps the set below u16::MAX streams.
+        self.blocks[id].event_count += events.len() as u16;
+        for (stream, event) in events {
+            self.events.entry(stream).or_default().push_back((event, id));
+        }
+        Ok(())
+    }
 
+    /// `free_requested`: the block is no longer allocated, though it stays active until its
+    /// free completes (at once, or when its streams' events have).
+    #[inline(always)]
+    fn free_requested(&mut self, id: u32) {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
@@ -38,21 +60,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let context = self.current_context.or(block_context);
         self.record(TraceAction::FreeRequested, ptr, requested, stream, context);
-        if events.is_empty() {
-            self.free_block(id);
-        } else {
-            // record_stream keeps the set below u16::MAX streams.
-            self.blocks[id].event_count += events.len() as u16;
-            for (stream, event) in events {
-                self.events.entry(stream).or_default().push_back((event, id));
-            }
-        }
-        Ok(())
     }
 
     /// Records an event on every stream that used block `id` (`insert_events`), taking its
-    /// stream uses. If the device fails, the recorded events are returned and the block keeps
-    /// its uses, unchanged.
+    /// stream uses. If the device fails, no event is kept and the block keeps its uses,
+    /// unchanged.
+    #[cold]
     fn record_free_events(&mut self, id: u32) -> Result<Vec<(StreamId, B::Event)>, AllocatorError> {
         let uses = self.blocks.take_stream_uses(id);
         if uses.is_empty() {

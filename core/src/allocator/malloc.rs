@@ -55,7 +55,6 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let policy = self.config.policy();
         let request = self.request(size, stream);
-        self.last_device_limit = None;
 
         let mut found = self.get_free_block(&request);
         if policy == Policy::Cachalot {
@@ -75,6 +74,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// there.
     #[inline(never)]
     fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
+        // Only a miss asks the device, and only its out-of-memory error reads the device's limit.
+        self.last_device_limit = None;
         if self.config.policy() == Policy::Cachalot {
             // Rule 5: at the peak, free pages of the other pool serve the request where they
             // can, instead of moving a page from that pool to this one.
