@@ -5,6 +5,10 @@ use std::collections::BTreeMap;
 
 use crate::size::PoolKind;
 
+mod counters;
+
+pub(crate) use counters::Counters;
+
 /// One counter with PyTorch's four readings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -115,6 +119,29 @@ impl StatArray {
 
     fn for_each(&mut self, f: impl Fn(&mut Stat)) {
         self.0.iter_mut().for_each(f);
+    }
+}
+
+/// The change in inactive split blocks and their bytes when a free block of `block_size` bytes,
+/// in a segment that was `already_split`, serves `rounded` bytes and is `split` or not; none for
+/// expandable segments, whose free pages can always be released.
+#[inline]
+fn split_change_on_alloc(
+    expandable: bool,
+    already_split: bool,
+    split: bool,
+    block_size: u64,
+    rounded: u64,
+) -> Option<(i64, i64)> {
+    match (expandable, split, already_split) {
+        (true, _, _) => None,
+        // An inactive split block shrinks by the carved size.
+        (false, true, true) => Some((0, -(rounded as i64))),
+        // A new inactive split block appears.
+        (false, true, false) => Some((1, (block_size - rounded) as i64)),
+        // The whole inactive split block is handed out.
+        (false, false, true) => Some((-1, -(block_size as i64))),
+        (false, false, false) => None,
     }
 }
 
@@ -281,20 +308,9 @@ impl MemoryStats {
         block_size: u64,
         rounded: u64,
     ) {
-        if expandable {
-            return;
-        }
-        if split && already_split {
-            // An inactive split block shrinks by the carved size.
-            self.inactive_split_bytes.decrease(pool, rounded);
-        } else if split {
-            // A new inactive split block appears.
-            self.inactive_split_bytes.increase(pool, block_size - rounded);
-            self.inactive_split.increase(pool, 1);
-        } else if already_split {
-            // The whole inactive split block is handed out.
-            self.inactive_split_bytes.decrease(pool, block_size);
-            self.inactive_split.decrease(pool, 1);
+        if let Some((blocks, bytes)) = split_change_on_alloc(expandable, already_split, split, block_size, rounded) {
+            self.inactive_split.add(pool, blocks);
+            self.inactive_split_bytes.add(pool, bytes);
         }
     }
 

@@ -22,6 +22,8 @@ ops_dir=${CACHALOT_OPS_DIR:-testdata/bench-ops}
 [[ -d $ops_dir ]] || { echo "icount.sh: no $ops_dir (set CACHALOT_OPS_DIR to a folder of op files)" >&2; exit 1; }
 settings=${CACHALOT_SETTINGS:-}
 read -r first last <<<"${ICOUNT_REPLAYS:-1 3}"
+# The example's per-replay report (a stats() call) stays out of the count.
+export CACHALOT_REPLAY_QUIET=1
 count() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$binary" "$1" "$2" ${settings:+"$settings"} 2>&1 | awk '/Collected/ {print $4}'; }
 for name in "$@"; do
   file=$ops_dir/${name%.ops}.ops

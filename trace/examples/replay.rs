@@ -5,7 +5,9 @@
 //!
 //! SETTINGS is an allocator configuration string (e.g. `policy:cachalot`); PyTorch's defaults
 //! without it. Each replay's device calls (segment allocations and page maps; frees and unmaps)
-//! are printed, which shows whether a job replayed again reaches a steady state.
+//! are printed, which shows whether a job replayed again reaches a steady state; with
+//! `CACHALOT_REPLAY_QUIET` set they are not, and the run is the replays alone (`stats()`
+//! computes all 122 keys, a few hundred instructions that a count per op should not include).
 //!
 //! The difference between the counts of N and M replays, divided by (N - M) times the file's ops,
 //! is the cost of one op with the cache warm, free of parsing and start-up:
@@ -42,11 +44,15 @@ fn run() -> Result<(), String> {
     let mut allocator =
         CachingAllocator::new(SimBackend::new(DEFAULT_DEVICE_TOTAL), config).map_err(|e| e.to_string())?;
     let mut handles = vec![None; ops.handles];
+    let quiet = std::env::var_os("CACHALOT_REPLAY_QUIET").is_some();
+    let mut before = (0, 0);
     for replay in 1..=replays {
-        let before = (allocator.stats().num_device_alloc, allocator.stats().num_device_free);
         ops.replay(&mut allocator, &mut handles, true).map_err(|e| format!("{path}: {e}"))?;
         // As the timed harness does: what a replay leaves live is freed before the next.
         OpFile::free_live(&mut allocator, &mut handles).map_err(|e| format!("{path}: {e}"))?;
+        if quiet {
+            continue;
+        }
         let stats = allocator.stats();
         println!(
             "replay {replay}: {} device allocs, {} device frees; peak reserved {} bytes",
@@ -54,6 +60,7 @@ fn run() -> Result<(), String> {
             stats.num_device_free - before.1,
             stats.max_memory_reserved()
         );
+        before = (stats.num_device_alloc, stats.num_device_free);
     }
     println!("{} ops x {replays} replays; {} bytes reserved at the end", ops.ops.len(), allocator.memory_reserved());
     Ok(())

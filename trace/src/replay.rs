@@ -1188,7 +1188,7 @@ fn first_mismatch(
     }
     verify_final_segments(snapshot, device, allocator)?;
     if let Some(expected) = expected {
-        verify_expected_run(allocator.stats(), allocator, outcome, expected)?;
+        verify_expected_run(&allocator.stats(), allocator, outcome, expected)?;
     }
     Ok(())
 }

@@ -250,7 +250,7 @@ fn the_rebuild_matches_the_allocator_at_every_cut_of_every_reference_trace() {
             let core = reference.core_after(cut);
             let difference = compare_segments(&core.snapshot(), &rebuilt, true, &HashSet::new())
                 .err()
-                .or_else(|| first_stat_difference(core.stats(), &rebuilt.stats, recorded_counter));
+                .or_else(|| first_stat_difference(&core.stats(), &rebuilt.stats, recorded_counter));
             if let Some(difference) = difference {
                 panic!("{}: {difference}", describe(&reference, cut));
             }

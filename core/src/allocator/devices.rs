@@ -89,7 +89,7 @@ impl<B: Backend> DeviceAllocators<B> {
     }
 
     /// `memory_stats(device)` of every device, by index.
-    pub fn stats(&self) -> Vec<&MemoryStats> {
+    pub fn stats(&self) -> Vec<MemoryStats> {
         self.devices.iter().map(CachingAllocator::stats).collect()
     }
 

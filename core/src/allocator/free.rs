@@ -51,6 +51,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
         // record_stream keeps the set below u16::MAX streams.
         self.blocks[id].event_count += events.len() as u16;
+        let b = &self.blocks[id];
+        self.stats.count_waiting(b.pool, b.size);
         for (stream, event) in events {
             self.events.entry(stream).or_default().push_back((event, id));
         }
@@ -165,6 +167,8 @@ impl<B: Backend> CachingAllocator<B> {
         let b = &mut self.blocks[block];
         b.event_count -= 1;
         if b.event_count == 0 {
+            let (pool, size) = (b.pool, b.size);
+            self.stats.count_wait_over(pool, size);
             self.free_block(block);
         }
     }
@@ -174,7 +178,6 @@ impl<B: Backend> CachingAllocator<B> {
         debug_assert!(self.blocks.is_allocatable(id) && self.blocks[id].location == Location::Active);
         let b = &self.blocks[id];
         let (ptr, requested, stream, pool, expandable) = (b.ptr, b.requested_size, b.stream, b.pool, b.expandable);
-        let original_size = b.size;
         if self.contexts_used {
             let context = self.current_context.or(self.blocks.context(id));
             self.record(TraceAction::FreeCompleted, ptr, requested, stream, context);
@@ -205,7 +208,7 @@ impl<B: Backend> CachingAllocator<B> {
         // Fully free pages of expandable segments can always be released, so PyTorch leaves
         // them out of the inactive-split accounting.
         let split_net = (!expandable).then_some((net_blocks, net_bytes));
-        self.stats.count_free_completed(pool, original_size, requested, split_net);
+        self.stats.count_free_completed(pool, requested, split_net);
     }
 
     /// `try_merge_blocks`: `dst` (out of every set) absorbs the free neighbour `src`; returns the

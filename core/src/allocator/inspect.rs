@@ -332,7 +332,7 @@ impl<B: Backend> CachingAllocator<B> {
         if reserved_total != self.total_allocated_memory {
             return Err(format!("device bytes {} but segments hold {reserved_total}", self.total_allocated_memory));
         }
-        let s = &self.stats;
+        let s = &self.stats.to_stats();
         let arrays = [
             ("allocation", &s.allocation, &recount.allocation),
             ("segment", &s.segment, &recount.segment),

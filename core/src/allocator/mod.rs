@@ -33,7 +33,7 @@ use crate::block::{Block, Blocks, Location, NIL, Segment, Slab};
 use crate::config::{AllocatorBackendKind, AllocatorConfig};
 use crate::error::{AllocatorError, HandleError};
 use crate::size::PoolKind;
-use crate::stats::MemoryStats;
+use crate::stats::{Counters, MemoryStats};
 use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceAction, TraceEntry, TraceRecorder};
 use crate::tree::{BlockTree, FreeIndex};
 
@@ -139,7 +139,7 @@ pub struct CachingAllocator<B: Backend> {
     routing: Vec<(PoolId, PoolSlot, PoolFilter)>,
     /// Outstanding cross-stream events, one FIFO per stream (PyTorch's `cuda_events`).
     events: BTreeMap<StreamId, VecDeque<(B::Event, u32)>>,
-    stats: MemoryStats,
+    stats: Counters,
     /// Bytes obtained from the device (segments and mapped pages), all pools.
     total_allocated_memory: u64,
     /// The memory-fraction allowance, when a fraction below 1 is set.
@@ -187,7 +187,7 @@ impl<B: Backend> CachingAllocator<B> {
             private_ids: BTreeMap::new(),
             routing: Vec::new(),
             events: BTreeMap::new(),
-            stats: MemoryStats { max_split_size, ..MemoryStats::default() },
+            stats: Counters::new(max_split_size),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             recorder: TraceRecorder::default(),
@@ -283,9 +283,10 @@ impl<B: Backend> CachingAllocator<B> {
         self.allowed_memory_maximum
     }
 
-    /// All counters (`memory_stats()`).
-    pub fn stats(&self) -> &MemoryStats {
-        &self.stats
+    /// All counters (`memory_stats()`), computed from the live counters: a value, not a view,
+    /// so it stays as it was when taken.
+    pub fn stats(&self) -> MemoryStats {
+        self.stats.to_stats()
     }
 
     /// `memory_allocated()`.
@@ -310,7 +311,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `memory_summary(abbreviated=...)` for this device.
     pub fn memory_summary(&self, abbreviated: bool) -> String {
-        crate::summary::memory_summary(&self.stats, self.backend.device().index, abbreviated)
+        crate::summary::memory_summary(&self.stats.to_stats(), self.backend.device().index, abbreviated)
     }
 
     /// Largest free cached block (PyTorch's `cacheInfo`), private pools included, 0 when the

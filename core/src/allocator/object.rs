@@ -32,7 +32,7 @@ pub trait Allocator {
     /// [`CachingAllocator::memory_reserved`].
     fn memory_reserved(&self) -> u64;
     /// [`CachingAllocator::stats`].
-    fn stats(&self) -> &MemoryStats;
+    fn stats(&self) -> MemoryStats;
     /// [`CachingAllocator::memory_summary`].
     fn memory_summary(&self, abbreviated: bool) -> String;
     /// [`CachingAllocator::device`].
@@ -89,7 +89,7 @@ impl<B: Backend> Allocator for CachingAllocator<B> {
     fn memory_reserved(&self) -> u64 {
         CachingAllocator::memory_reserved(self)
     }
-    fn stats(&self) -> &MemoryStats {
+    fn stats(&self) -> MemoryStats {
         CachingAllocator::stats(self)
     }
     fn memory_summary(&self, abbreviated: bool) -> String {
