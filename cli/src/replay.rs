@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::failure::{Failure, Outcome};
 use crate::input::parse;
-use crate::report::expected_beside;
+use crate::report::expected_for_device;
 
 /// Arguments of `cachalot replay`.
 #[derive(Clone, Debug, clap::Args)]
@@ -127,11 +127,14 @@ fn replay_file(args: &ReplayArgs, path: &Path) -> Result<bool, Failure> {
 /// Replays `snapshot`, read from `path`, and prints its line.
 fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> Result<bool, Failure> {
     let name = trace_name(path);
-    // The run's expected.json (its stats, its calls) is device 0's.
-    let expected = expected_beside(path)?.filter(|_| args.device == 0);
+    // Each device's recorded run (its stats, its calls) is a file of its own.
+    let expected = expected_for_device(path, args.device)?;
     let options = options(args, path, snapshot, expected.as_ref())?;
     if args.all_devices {
-        return replay_every_device(args, &name, snapshot, &options, expected.as_ref());
+        let recorded = (0..snapshot.device_traces.len())
+            .map(|device| if device == 0 { Ok(expected.clone()) } else { expected_for_device(path, device) })
+            .collect::<Result<Vec<_>>>()?;
+        return replay_every_device(args, &name, snapshot, &options, &recorded);
     }
     if args.backend != "sim" {
         return Ok(replay_on_device(args, &name, snapshot, &options)?);
@@ -191,24 +194,24 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
 }
 
 /// `--all-devices`: replays every device trace at once and prints a line per device (with
-/// `--check`, MATCH or MISMATCH against what PyTorch recorded for that device; the run's
-/// expected.json checks device 0). `Ok(false)` when a device mismatched.
+/// `--check`, MATCH or MISMATCH against what PyTorch recorded for that device: its trace and
+/// end state, and where `recorded` has one, its expected.json's stats, summary and marks).
+/// `Ok(false)` when a device mismatched.
 fn replay_every_device(
     args: &ReplayArgs,
     name: &str,
     snapshot: &TorchSnapshot,
     options: &ReplayOptions,
-    expected: Option<&cachalot_trace::replay::ExpectedRun>,
+    recorded: &[Option<cachalot_trace::replay::ExpectedRun>],
 ) -> Result<bool, Failure> {
     let started = Instant::now();
-    let outcomes = replay_devices(snapshot, options).map_err(|e| Failure::input(anyhow!("{name}: {e}")))?;
+    let outcomes = replay_devices(snapshot, options, recorded).map_err(|e| Failure::input(anyhow!("{name}: {e}")))?;
     let seconds = started.elapsed().as_secs_f64();
     let mut all_match = true;
     for outcome in &outcomes {
         let device = outcome.device;
         if args.check {
-            let expected = expected.filter(|_| device == 0);
-            match verify_against_recording(snapshot, outcome, expected) {
+            match verify_against_recording(snapshot, outcome, recorded[device].as_ref()) {
                 Ok(()) => println!("MATCH {name} device {device}"),
                 Err(difference) => {
                     all_match = false;

@@ -56,7 +56,12 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
 
 /// `NAME.expected.json` beside `NAME.pickle`, if there is one.
 pub fn expected_beside(trace: &Path) -> Result<Option<ExpectedRun>> {
-    ExpectedRun::beside(trace).map_err(anyhow::Error::msg)
+    expected_for_device(trace, 0)
+}
+
+/// What was recorded for device `device` of `trace` ([`ExpectedRun::beside_device`]).
+pub fn expected_for_device(trace: &Path, device: usize) -> Result<Option<ExpectedRun>> {
+    ExpectedRun::beside_device(trace, device).map_err(anyhow::Error::msg)
 }
 
 /// `cachalot summary FILE`.

@@ -1,6 +1,7 @@
 //! `cachalot replay --all-devices` (every device trace of a snapshot at once, a line per device)
-//! and `--device N` on a two-device snapshot, made of two reference traces (no two-GPU machine
-//! recorded one here): `multistream` as device 0, `seeds` as device 1.
+//! and `--device N`: on the programs recorded on two H200s (`testdata/conformance/devices`, an
+//! expected.json per device), and on a snapshot made of two reference traces, `multistream` as
+//! device 0 and `seeds` as device 1.
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
@@ -56,4 +57,30 @@ fn every_device_is_replayed_and_checked() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("no trace for device 2 (it has 2)"), "{}", text(&out.stderr));
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn every_device_of_the_two_gpu_captures_matches_its_own_recording() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/devices");
+    let mut args = vec!["replay".to_owned(), "--check".to_owned(), "--all-devices".to_owned()];
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".pickle").map(str::to_owned))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4);
+    args.extend(names.iter().map(|n| dir.join(format!("{n}.pickle")).to_string_lossy().into_owned()));
+    let out = cachalot(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let expected: String = names.iter().flat_map(|n| [0, 1].map(|d| format!("MATCH {n} device {d}\n"))).collect();
+    let stdout = text(&out.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines.join("\n") + "\n", expected);
+
+    // Device 1 alone is checked against its own expected.json (its summary names device 1).
+    let path = dir.join("devices_fraction.pickle");
+    let out = cachalot(&["replay", "--check", "--device", "1", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(text(&out.stdout), "MATCH devices_fraction\n");
 }

@@ -175,6 +175,13 @@ impl SimBackend {
         }
     }
 
+    /// The simulated device as device `index` of its process (0 by default): the index its
+    /// memory summary and out-of-memory messages name, as `GPU 1` in PyTorch's.
+    pub fn with_index(mut self, index: u32) -> Self {
+        self.facts.index = index;
+        self
+    }
+
     /// Renames the simulated device (e.g. after the GPU a trace was recorded on).
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.facts.name = name.into();

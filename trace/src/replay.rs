@@ -132,6 +132,19 @@ impl ReplayOptions {
             record_calls: false,
         })
     }
+
+    /// These options for device trace `device` of the same process. The settings, fraction and
+    /// device total stay (a process has one `PYTORCH_CUDA_ALLOC_CONF` for all its devices); the
+    /// program's calls are that device's own, from its `recorded` run, as each call was made on
+    /// one device's allocator (none where its recording lists none).
+    pub fn for_device(&self, device: usize, recorded: Option<&ExpectedRun>) -> ReplayOptions {
+        let mut options = self.clone();
+        if device != self.device {
+            options.device = device;
+            options.calls = recorded.and_then(|r| r.calls.clone());
+        }
+        options
+    }
 }
 
 /// A trace that cannot be replayed.
@@ -307,9 +320,19 @@ impl ExpectedRun {
     /// The `NAME.expected.json` beside a trace `NAME.pickle`, if there is one; an error names
     /// that file and what is wrong with it.
     pub fn beside(trace: &std::path::Path) -> Result<Option<Self>, String> {
+        Self::beside_device(trace, 0)
+    }
+
+    /// What was recorded for device `device` of a trace `NAME.pickle`, if anything was: device
+    /// 0's run is `NAME.expected.json`, device N's `NAME.deviceN.expected.json`, as
+    /// `scripts/conformance/capture_devices.py` writes them for a process on two GPUs.
+    pub fn beside_device(trace: &std::path::Path, device: usize) -> Result<Option<Self>, String> {
         let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let stem = name.strip_suffix(".pickle").unwrap_or(&name);
-        let path = trace.with_file_name(format!("{stem}.expected.json"));
+        let path = match device {
+            0 => trace.with_file_name(format!("{stem}.expected.json")),
+            n => trace.with_file_name(format!("{stem}.device{n}.expected.json")),
+        };
         if !path.exists() {
             return Ok(None);
         }
@@ -435,7 +458,9 @@ pub fn replay_observed(
         return Err(ReplayError::DeviceTotal(options.device_total));
     }
 
-    let mut sim = SimBackend::new(options.device_total);
+    // The device's index names it in the summary and in out-of-memory messages ("GPU 1").
+    let index = u32::try_from(device).unwrap_or(u32::MAX);
+    let mut sim = SimBackend::new(options.device_total).with_index(index);
     let (segments, reservations) = planned_addresses(trace, options);
     let shown = ShownReservations::new(trace, &reservations);
     sim.plan_segment_addresses(segments);
@@ -695,18 +720,18 @@ pub fn replay_observed(
 
 /// Replays every device trace of `snapshot` at once, each on an allocator of its own (PyTorch
 /// keeps one per device, sharing nothing but the configuration), on a thread per device; the
-/// outcomes are by device index, ready for a [`cachalot_core::DeviceAllocators`]. `options`
-/// applies to every device except for what a run's `expected.json` knows, which is device 0's
-/// (its `calls` are made on device 0 only).
-pub fn replay_devices(snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Vec<ReplayOutcome>, ReplayError> {
+/// outcomes are by device index, ready for a [`cachalot_core::DeviceAllocators`]. `options` are
+/// device 0's; every other device takes them with its own program calls, from its recorded run
+/// in `recorded` (by device index; [`ReplayOptions::for_device`]).
+pub fn replay_devices(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    recorded: &[Option<ExpectedRun>],
+) -> Result<Vec<ReplayOutcome>, ReplayError> {
     std::thread::scope(|scope| {
         let runs: Vec<_> = (0..snapshot.device_traces.len())
             .map(|device| {
-                let mut options = options.clone();
-                options.device = device;
-                if device != 0 {
-                    options.calls = None;
-                }
+                let options = options.for_device(device, recorded.get(device).and_then(Option::as_ref));
                 scope.spawn(move || replay(snapshot, &options, |_, _| {}))
             })
             .collect();
