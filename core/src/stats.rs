@@ -110,11 +110,7 @@ impl StatArray {
     /// and `freed` different from two separate updates.
     #[inline]
     pub fn add(&mut self, pool: PoolKind, delta: i64) {
-        if delta > 0 {
-            self.increase(pool, delta as u64);
-        } else if delta < 0 {
-            self.decrease(pool, delta.unsigned_abs());
-        }
+        <Self as Family>::add(self, pool, delta);
     }
 
     fn for_each(&mut self, f: impl Fn(&mut Stat)) {
@@ -122,26 +118,136 @@ impl StatArray {
     }
 }
 
-/// The change in inactive split blocks and their bytes when a free block of `block_size` bytes,
-/// in a segment that was `already_split`, serves `rounded` bytes and is `split` or not; none for
-/// expandable segments, whose free pages can always be released.
-#[inline]
-fn split_change_on_alloc(
-    expandable: bool,
-    already_split: bool,
-    split: bool,
-    block_size: u64,
-    rounded: u64,
-) -> Option<(i64, i64)> {
-    match (expandable, split, already_split) {
-        (true, _, _) => None,
-        // An inactive split block shrinks by the carved size.
-        (false, true, true) => Some((0, -(rounded as i64))),
-        // A new inactive split block appears.
-        (false, true, false) => Some((1, (block_size - rounded) as i64)),
-        // The whole inactive split block is handed out.
-        (false, false, true) => Some((-1, -(block_size as i64))),
-        (false, false, false) => None,
+/// A family of counters (`allocation`, `reserved_bytes`, ...) as a layout keeps it: a
+/// [`StatArray`] in [`MemoryStats`], a tally of fewer fields in the allocator's [`Counters`].
+pub(crate) trait Family {
+    /// `all` and the bucket of `pool` rise by `amount`.
+    fn increase(&mut self, pool: PoolKind, amount: u64);
+    /// `all` and the bucket of `pool` fall by `amount`.
+    fn decrease(&mut self, pool: PoolKind, amount: u64);
+
+    /// A signed net change as one increase or one decrease ([`StatArray::add`]).
+    #[inline]
+    fn add(&mut self, pool: PoolKind, delta: i64) {
+        if delta > 0 {
+            self.increase(pool, delta as u64);
+        } else if delta < 0 {
+            self.decrease(pool, delta.unsigned_abs());
+        }
+    }
+}
+
+impl Family for StatArray {
+    #[inline]
+    fn increase(&mut self, pool: PoolKind, amount: u64) {
+        StatArray::increase(self, pool, amount);
+    }
+
+    #[inline]
+    fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        StatArray::decrease(self, pool, amount);
+    }
+}
+
+/// The counters PyTorch's update rules move, borrowed from one layout (every family but `active`
+/// and `active_bytes`, which [`Counters`] derives): the rules are written once, here, for both.
+pub(crate) struct Families<'a, F: Family> {
+    pub(crate) allocation: &'a mut F,
+    pub(crate) segment: &'a mut F,
+    pub(crate) inactive_split: &'a mut F,
+    pub(crate) allocated_bytes: &'a mut F,
+    pub(crate) reserved_bytes: &'a mut F,
+    pub(crate) inactive_split_bytes: &'a mut F,
+    pub(crate) requested_bytes: &'a mut F,
+    pub(crate) oversize_allocations: &'a mut Stat,
+    pub(crate) oversize_segments: &'a mut Stat,
+    pub(crate) num_device_alloc: &'a mut u64,
+    pub(crate) num_device_free: &'a mut u64,
+}
+
+impl<F: Family> Families<'_, F> {
+    /// A block of `size` bytes handed out for `requested`.
+    #[inline]
+    pub(crate) fn alloc(self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
+        self.allocation.increase(pool, 1);
+        self.allocated_bytes.increase(pool, size);
+        self.requested_bytes.increase(pool, requested);
+        if oversize {
+            self.oversize_allocations.increase(1);
+        }
+    }
+
+    /// The inactive split blocks when a free block of `block_size` bytes, in a segment that was
+    /// `already_split`, serves `rounded` bytes and is `split` or not; none for expandable
+    /// segments, whose free pages can always be released.
+    #[inline]
+    pub(crate) fn split_on_alloc(
+        self,
+        pool: PoolKind,
+        expandable: bool,
+        already_split: bool,
+        split: bool,
+        block_size: u64,
+        rounded: u64,
+    ) {
+        let (blocks, bytes) = match (expandable, split, already_split) {
+            (true, _, _) | (false, false, false) => return,
+            // An inactive split block shrinks by the carved size.
+            (false, true, true) => (0, -(rounded as i64)),
+            // A new inactive split block appears.
+            (false, true, false) => (1, (block_size - rounded) as i64),
+            // The whole inactive split block is handed out.
+            (false, false, true) => (-1, -(block_size as i64)),
+        };
+        self.inactive_split.add(pool, blocks);
+        self.inactive_split_bytes.add(pool, bytes);
+    }
+
+    /// A block of `size` bytes free-requested: no longer allocated.
+    #[inline]
+    pub(crate) fn free_requested(self, pool: PoolKind, size: u64, oversize: bool) {
+        self.allocation.decrease(pool, 1);
+        self.allocated_bytes.decrease(pool, size);
+        if oversize {
+            self.oversize_allocations.decrease(1);
+        }
+    }
+
+    /// A free completed: its requested bytes go, and the inactive split blocks change by the
+    /// net effect of its merges.
+    #[inline]
+    pub(crate) fn free_completed(self, pool: PoolKind, requested: u64, split_net: Option<(i64, i64)>) {
+        if let Some((net_blocks, net_bytes)) = split_net {
+            self.inactive_split.add(pool, net_blocks);
+            self.inactive_split_bytes.add(pool, net_bytes);
+        }
+        self.requested_bytes.decrease(pool, requested);
+    }
+
+    /// A device allocation (or page mapping, no `segment`) of `size` bytes.
+    #[inline]
+    pub(crate) fn device_alloc(self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
+        if segment {
+            self.segment.increase(pool, 1);
+            if oversize {
+                self.oversize_segments.increase(1);
+            }
+        }
+        self.reserved_bytes.increase(pool, size);
+        *self.num_device_alloc += 1;
+    }
+
+    /// A device free (or page unmapping), the reverse of [`Families::device_alloc`].
+    #[inline]
+    pub(crate) fn device_free(self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
+        if segment {
+            self.segment.decrease(pool, 1);
+            if oversize {
+                self.oversize_segments.decrease(1);
+            }
+        }
+        self.reserved_bytes.decrease(pool, size);
+        *self.num_device_free += 1;
     }
 }
 
@@ -280,19 +386,32 @@ impl MemoryStats {
         self.reserved_bytes.all().peak as u64
     }
 
+    /// Every family but `active` and `active_bytes`, for the shared rules.
+    #[inline]
+    fn families(&mut self) -> Families<'_, StatArray> {
+        Families {
+            allocation: &mut self.allocation,
+            segment: &mut self.segment,
+            inactive_split: &mut self.inactive_split,
+            allocated_bytes: &mut self.allocated_bytes,
+            reserved_bytes: &mut self.reserved_bytes,
+            inactive_split_bytes: &mut self.inactive_split_bytes,
+            requested_bytes: &mut self.requested_bytes,
+            oversize_allocations: &mut self.oversize_allocations,
+            oversize_segments: &mut self.oversize_segments,
+            num_device_alloc: &mut self.num_device_alloc,
+            num_device_free: &mut self.num_device_free,
+        }
+    }
+
     /// The counters of a block handed out (`alloc_found_block`): `size` is the block's
     /// (rounded) size, `requested` the bytes asked for, `oversize` whether `size` reaches
     /// `max_split_size`.
     #[inline]
     pub fn count_alloc(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
-        self.allocation.increase(pool, 1);
-        self.allocated_bytes.increase(pool, size);
+        self.families().alloc(pool, size, requested, oversize);
         self.active.increase(pool, 1);
         self.active_bytes.increase(pool, size);
-        self.requested_bytes.increase(pool, requested);
-        if oversize {
-            self.oversize_allocations.increase(1);
-        }
     }
 
     /// The inactive-split accounting of `alloc_found_block`: a free block of `block_size` bytes,
@@ -308,21 +427,14 @@ impl MemoryStats {
         block_size: u64,
         rounded: u64,
     ) {
-        if let Some((blocks, bytes)) = split_change_on_alloc(expandable, already_split, split, block_size, rounded) {
-            self.inactive_split.add(pool, blocks);
-            self.inactive_split_bytes.add(pool, bytes);
-        }
+        self.families().split_on_alloc(pool, expandable, already_split, split, block_size, rounded);
     }
 
     /// The counters of a `free_requested` block of `size` bytes: it is no longer allocated
     /// (still active until its free completes).
     #[inline]
     pub fn count_free_requested(&mut self, pool: PoolKind, size: u64, oversize: bool) {
-        self.allocation.decrease(pool, 1);
-        self.allocated_bytes.decrease(pool, size);
-        if oversize {
-            self.oversize_allocations.decrease(1);
-        }
+        self.families().free_requested(pool, size, oversize);
     }
 
     /// The counters of a completed free (`free_block`): the block of `size` bytes is no longer
@@ -331,41 +443,23 @@ impl MemoryStats {
     /// [`MemoryStats::count_split_on_alloc`]).
     #[inline]
     pub fn count_free_completed(&mut self, pool: PoolKind, size: u64, requested: u64, split_net: Option<(i64, i64)>) {
-        if let Some((net_blocks, net_bytes)) = split_net {
-            self.inactive_split.add(pool, net_blocks);
-            self.inactive_split_bytes.add(pool, net_bytes);
-        }
+        self.families().free_completed(pool, requested, split_net);
         self.active.decrease(pool, 1);
         self.active_bytes.decrease(pool, size);
-        self.requested_bytes.decrease(pool, requested);
     }
 
     /// The counters of a device allocation of `size` bytes (`cudaMalloc`; for a page mapping of
     /// an expandable segment, which is no segment of its own, only the bytes and the call).
     #[inline]
     pub fn count_device_alloc(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
-        if segment {
-            self.segment.increase(pool, 1);
-            if oversize {
-                self.oversize_segments.increase(1);
-            }
-        }
-        self.reserved_bytes.increase(pool, size);
-        self.num_device_alloc += 1;
+        self.families().device_alloc(pool, size, segment, oversize);
     }
 
     /// The counters of a device free of `size` bytes (`cudaFree`, or a page unmapping): the
     /// reverse of [`MemoryStats::count_device_alloc`].
     #[inline]
     pub fn count_device_free(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
-        if segment {
-            self.segment.decrease(pool, 1);
-            if oversize {
-                self.oversize_segments.decrease(1);
-            }
-        }
-        self.reserved_bytes.decrease(pool, size);
-        self.num_device_free += 1;
+        self.families().device_free(pool, size, segment, oversize);
     }
 
     /// `reset_peak_memory_stats()`: every peak becomes its current value.

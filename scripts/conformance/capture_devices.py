@@ -16,12 +16,11 @@ of its own, yet counts in `num_sync_all_streams`.) Every workload runs in a proc
 PYTORCH_CUDA_ALLOC_CONF).
 """
 
-import argparse
 import json
-import os
 import pickle
-import subprocess
 import sys
+
+import one_process
 
 WORKLOADS = {
     # name: PYTORCH_CUDA_ALLOC_CONF
@@ -176,26 +175,5 @@ def devices_fraction(torch, empty):
     empty.empty_cache()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("outdir")
-    ap.add_argument("--only", help="comma-separated workload names")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    os.makedirs(a.outdir, exist_ok=True)
-    if a.one:
-        capture_one(a.one, a.outdir)
-        return
-    names = a.only.split(",") if a.only else list(WORKLOADS)
-    for name in names:
-        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=WORKLOADS[name])
-        if not WORKLOADS[name]:
-            env.pop("PYTORCH_CUDA_ALLOC_CONF")
-        r = subprocess.run([sys.executable, __file__, a.outdir, "--one", name], env=env, capture_output=True,
-                           text=True, timeout=180)
-        status = "ok" if r.returncode == 0 else f"exit {r.returncode}: {r.stderr[-1500:]}"
-        print(f"{name} {status}", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    one_process.main(__file__, __doc__, WORKLOADS, capture_one, timeout=180)

@@ -32,14 +32,12 @@ graph's `reset()` release_pool. `probe.txt` keeps the Python sources of these ca
 PyTorch that ran, so the mapping can be checked against them.
 """
 
-import argparse
 import gc
 import inspect
 import json
-import os
 import pickle
-import subprocess
-import sys
+
+import one_process
 
 WORKLOADS = {
     # name: PYTORCH_CUDA_ALLOC_CONF
@@ -341,27 +339,5 @@ def probe(outdir):
         f.write("\n".join(parts))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("outdir")
-    ap.add_argument("--only", help="comma-separated workload names")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    os.makedirs(a.outdir, exist_ok=True)
-    if a.one:
-        capture_one(a.one, a.outdir)
-        return
-    probe(a.outdir)
-    names = a.only.split(",") if a.only else list(WORKLOADS)
-    for name in names:
-        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=WORKLOADS[name])
-        if not WORKLOADS[name]:
-            env.pop("PYTORCH_CUDA_ALLOC_CONF")
-        r = subprocess.run([sys.executable, __file__, a.outdir, "--one", name], env=env, capture_output=True,
-                           text=True, timeout=120)
-        status = "ok" if r.returncode == 0 else f"exit {r.returncode}: {r.stderr[-1500:]}"
-        print(f"{name} {status}", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    one_process.main(__file__, __doc__, WORKLOADS, capture_one, timeout=120, before=probe)

@@ -181,7 +181,7 @@ impl<B: Backend> CachingAllocator<B> {
 
         let (stream, pool) = (self.blocks[id].stream, self.blocks[id].pool);
         self.total_allocated_memory += mapped;
-        self.stats.count_device_alloc(pool, mapped, false, false);
+        self.stats.families().device_alloc(pool, mapped, false, false);
         self.record(TraceAction::SegmentMap, ptr, mapped, stream, self.current_context);
         if self.blocks[id].prev == NIL && self.segments[segment].context.is_none() {
             self.segments[segment].context = self.current_context;
@@ -230,7 +230,7 @@ impl<B: Backend> CachingAllocator<B> {
 
         let pool = self.blocks[id].pool;
         self.total_allocated_memory -= unmapped_size;
-        self.stats.count_device_free(pool, unmapped_size, false, false);
+        self.stats.families().device_free(pool, unmapped_size, false, false);
         let context = self.current_context.or(self.segments[segment].context);
         self.record(TraceAction::SegmentUnmap, unmapped_ptr, unmapped_size, stream, context);
         Ok(())

@@ -68,7 +68,7 @@ impl<B: Backend> CachingAllocator<B> {
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
         let block_context = if self.contexts_used { self.blocks.context(id) } else { None };
         let oversize = self.is_oversize(size);
-        self.stats.count_free_requested(pool, size, oversize);
+        self.stats.families().free_requested(pool, size, oversize);
         // Rule 7 of `policy:cachalot` tells a job's repeats apart by live memory falling to 0.
         if self.stats.memory_allocated() == 0 {
             self.repeats.times_emptied += 1;

@@ -236,7 +236,7 @@ impl<B: Backend> CachingAllocator<B> {
             tail.size -= request.size;
             self.insert_free(remaining);
         }
-        self.stats.count_split_on_alloc(pool, expandable, already_split, split, found_size, request.size);
+        self.stats.families().split_on_alloc(pool, expandable, already_split, split, found_size, request.size);
 
         let context = self.current_context;
         if self.contexts_used {
@@ -295,7 +295,7 @@ impl<B: Backend> CachingAllocator<B> {
         let block = self.blocks.insert(Block::new(ptr, size, request.stream, request.pool, segment));
         self.segments[segment].head = block;
         let oversize = self.is_oversize(size);
-        self.stats.count_device_alloc(request.pool, size, true, oversize);
+        self.stats.families().device_alloc(request.pool, size, true, oversize);
         self.record(TraceAction::SegmentAlloc, ptr, size, request.stream, self.current_context);
         Ok(Some(block))
     }

@@ -59,7 +59,7 @@ impl<B: Backend> CachingAllocator<B> {
         // Ask the device first: if it fails, nothing here has changed.
         self.backend.free_segment(ptr, size)?;
         let oversize = self.is_oversize(size);
-        self.stats.count_device_free(pool, size, true, oversize);
+        self.stats.families().device_free(pool, size, true, oversize);
         let context = self.current_context.or(self.segments[segment].context);
         self.record(TraceAction::SegmentFree, ptr, size, stream, context);
         self.total_allocated_memory -= size;

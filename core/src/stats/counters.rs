@@ -19,7 +19,7 @@
 //! The rules themselves, and the order of updates they imply, are [`MemoryStats`]'s methods';
 //! the tests replay random sequences through both and compare every key.
 
-use super::{MemoryStats, Stat, StatArray};
+use super::{Families, Family, MemoryStats, Stat, StatArray};
 use crate::size::PoolKind;
 
 /// One pool's bucket of a counter family. `allocated` is `current - base + freed`.
@@ -46,13 +46,13 @@ impl PoolBucket {
 /// A family of counters (`allocation`, `reserved_bytes`, ...): the `all` bucket's current and
 /// peak, and a bucket per pool; `all`'s accumulated sums are the pools'.
 #[derive(Clone, Copy, Debug, Default)]
-struct Family {
+pub(crate) struct Tally {
     all: i64,
     all_peak: i64,
     pools: [PoolBucket; 2],
 }
 
-impl Family {
+impl Family for Tally {
     #[inline]
     fn increase(&mut self, pool: PoolKind, amount: u64) {
         let amount = amount as i64;
@@ -71,17 +71,9 @@ impl Family {
         bucket.current -= amount;
         bucket.freed += amount;
     }
+}
 
-    /// A signed net change as one increase or one decrease ([`StatArray::add`]).
-    #[inline]
-    fn add(&mut self, pool: PoolKind, delta: i64) {
-        if delta > 0 {
-            self.increase(pool, delta as u64);
-        } else if delta < 0 {
-            self.decrease(pool, delta.unsigned_abs());
-        }
-    }
-
+impl Tally {
     fn current(&self, bucket: usize) -> i64 {
         match bucket {
             0 => self.all,
@@ -115,7 +107,7 @@ impl Family {
     }
 }
 
-/// The index of `pool` in [`Family::pools`].
+/// The index of `pool` in [`Tally::pools`].
 #[inline]
 fn pool_index(pool: PoolKind) -> usize {
     match pool {
@@ -149,7 +141,7 @@ impl Waiting {
 
     /// `active` (or `active_bytes`): `family` (`allocation`, `allocated_bytes`) plus the
     /// waiting `extra`, with their bases and the peaks tracked while blocks waited.
-    fn active(family: &Family, extra: &[i64; 3], base: &[i64; 3], peak: &[i64; 3]) -> StatArray {
+    fn active(family: &Tally, extra: &[i64; 3], base: &[i64; 3], peak: &[i64; 3]) -> StatArray {
         let mut array = family.stat_array();
         for (bucket, stat) in array.0.iter_mut().enumerate() {
             // `allocated` is `allocation`'s: both rise by the same amounts.
@@ -164,13 +156,13 @@ impl Waiting {
 /// The counters of one device allocator; [`Counters::to_stats`] gives its `memory_stats()`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Counters {
-    allocation: Family,
-    segment: Family,
-    inactive_split: Family,
-    allocated_bytes: Family,
-    reserved_bytes: Family,
-    inactive_split_bytes: Family,
-    requested_bytes: Family,
+    allocation: Tally,
+    segment: Tally,
+    inactive_split: Tally,
+    allocated_bytes: Tally,
+    reserved_bytes: Tally,
+    inactive_split_bytes: Tally,
+    requested_bytes: Tally,
     waiting: Waiting,
     /// Blocks waiting, over both pools: the test that keeps the peak tracking off a malloc.
     waiting_now: u64,
@@ -215,15 +207,29 @@ impl Counters {
         self.reserved_bytes.all_peak as u64
     }
 
+    /// Every family the shared rules move: the allocator counts a split, a free request and
+    /// a device call through them ([`Families::split_on_alloc`], ...), as [`MemoryStats`] does.
+    #[inline]
+    pub(crate) fn families(&mut self) -> Families<'_, Tally> {
+        Families {
+            allocation: &mut self.allocation,
+            segment: &mut self.segment,
+            inactive_split: &mut self.inactive_split,
+            allocated_bytes: &mut self.allocated_bytes,
+            reserved_bytes: &mut self.reserved_bytes,
+            inactive_split_bytes: &mut self.inactive_split_bytes,
+            requested_bytes: &mut self.requested_bytes,
+            oversize_allocations: &mut self.oversize_allocations,
+            oversize_segments: &mut self.oversize_segments,
+            num_device_alloc: &mut self.num_device_alloc,
+            num_device_free: &mut self.num_device_free,
+        }
+    }
+
     /// [`MemoryStats::count_alloc`].
     #[inline]
     pub(crate) fn count_alloc(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
-        self.allocation.increase(pool, 1);
-        self.allocated_bytes.increase(pool, size);
-        self.requested_bytes.increase(pool, requested);
-        if oversize {
-            self.oversize_allocations.increase(1);
-        }
+        self.families().alloc(pool, size, requested, oversize);
         if self.waiting_now != 0 {
             self.track_active_peaks();
         }
@@ -239,35 +245,6 @@ impl Counters {
             w.active_peak[bucket] = w.active_peak[bucket].max(self.allocation.current(bucket) + w.blocks[bucket]);
             w.active_bytes_peak[bucket] =
                 w.active_bytes_peak[bucket].max(self.allocated_bytes.current(bucket) + w.bytes[bucket]);
-        }
-    }
-
-    /// [`MemoryStats::count_split_on_alloc`].
-    #[inline]
-    pub(crate) fn count_split_on_alloc(
-        &mut self,
-        pool: PoolKind,
-        expandable: bool,
-        already_split: bool,
-        split: bool,
-        block_size: u64,
-        rounded: u64,
-    ) {
-        if let Some((blocks, bytes)) =
-            super::split_change_on_alloc(expandable, already_split, split, block_size, rounded)
-        {
-            self.inactive_split.add(pool, blocks);
-            self.inactive_split_bytes.add(pool, bytes);
-        }
-    }
-
-    /// [`MemoryStats::count_free_requested`].
-    #[inline]
-    pub(crate) fn count_free_requested(&mut self, pool: PoolKind, size: u64, oversize: bool) {
-        self.allocation.decrease(pool, 1);
-        self.allocated_bytes.decrease(pool, size);
-        if oversize {
-            self.oversize_allocations.decrease(1);
         }
     }
 
@@ -289,40 +266,10 @@ impl Counters {
     /// allocated nor waiting any more.
     #[inline]
     pub(crate) fn count_free_completed(&mut self, pool: PoolKind, requested: u64, split_net: Option<(i64, i64)>) {
-        if let Some((net_blocks, net_bytes)) = split_net {
-            self.inactive_split.add(pool, net_blocks);
-            self.inactive_split_bytes.add(pool, net_bytes);
-        }
-        self.requested_bytes.decrease(pool, requested);
+        self.families().free_completed(pool, requested, split_net);
     }
 
-    /// [`MemoryStats::count_device_alloc`].
-    #[inline]
-    pub(crate) fn count_device_alloc(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
-        if segment {
-            self.segment.increase(pool, 1);
-            if oversize {
-                self.oversize_segments.increase(1);
-            }
-        }
-        self.reserved_bytes.increase(pool, size);
-        self.num_device_alloc += 1;
-    }
-
-    /// [`MemoryStats::count_device_free`].
-    #[inline]
-    pub(crate) fn count_device_free(&mut self, pool: PoolKind, size: u64, segment: bool, oversize: bool) {
-        if segment {
-            self.segment.decrease(pool, 1);
-            if oversize {
-                self.oversize_segments.decrease(1);
-            }
-        }
-        self.reserved_bytes.decrease(pool, size);
-        self.num_device_free += 1;
-    }
-
-    fn families_mut(&mut self) -> [&mut Family; 7] {
+    fn tallies_mut(&mut self) -> [&mut Tally; 7] {
         [
             &mut self.allocation,
             &mut self.segment,
@@ -336,7 +283,7 @@ impl Counters {
 
     /// [`MemoryStats::reset_peak`].
     pub(crate) fn reset_peak(&mut self) {
-        self.families_mut().into_iter().for_each(Family::reset_peak);
+        self.tallies_mut().into_iter().for_each(Tally::reset_peak);
         for bucket in 0..3 {
             self.waiting.active_peak[bucket] = self.allocation.current(bucket) + self.waiting.blocks[bucket];
             self.waiting.active_bytes_peak[bucket] = self.allocated_bytes.current(bucket) + self.waiting.bytes[bucket];
@@ -347,7 +294,7 @@ impl Counters {
 
     /// [`MemoryStats::reset_accumulated`].
     pub(crate) fn reset_accumulated(&mut self) {
-        self.families_mut().into_iter().for_each(Family::reset_accumulated);
+        self.tallies_mut().into_iter().for_each(Tally::reset_accumulated);
         self.waiting.base_blocks = self.waiting.blocks;
         self.waiting.base_bytes = self.waiting.bytes;
         self.oversize_allocations.reset_accumulated();
@@ -477,7 +424,7 @@ mod tests {
                     Step::Alloc { large, size, requested, oversize, split: (expandable, already, split), carved } => {
                         let pool = pool(large);
                         rules.count_split_on_alloc(pool, expandable, already, split, size, size - carved);
-                        counters.count_split_on_alloc(pool, expandable, already, split, size, size - carved);
+                        counters.families().split_on_alloc(pool, expandable, already, split, size, size - carved);
                         rules.count_alloc(pool, size, requested, oversize);
                         counters.count_alloc(pool, size, requested, oversize);
                         live.push((pool, size, requested, oversize));
@@ -485,7 +432,7 @@ mod tests {
                     Step::Free { pick, net } if !live.is_empty() => {
                         let (pool, size, requested, oversize) = live.swap_remove(pick % live.len());
                         rules.count_free_requested(pool, size, oversize);
-                        counters.count_free_requested(pool, size, oversize);
+                        counters.families().free_requested(pool, size, oversize);
                         rules.count_free_completed(pool, size, requested, net);
                         counters.count_free_completed(pool, requested, net);
                     }
@@ -493,7 +440,7 @@ mod tests {
                         let block = live.swap_remove(pick % live.len());
                         let (pool, size, _, oversize) = block;
                         rules.count_free_requested(pool, size, oversize);
-                        counters.count_free_requested(pool, size, oversize);
+                        counters.families().free_requested(pool, size, oversize);
                         counters.count_waiting(pool, size);
                         waiting.push(block);
                     }
@@ -505,11 +452,11 @@ mod tests {
                     }
                     Step::DeviceAlloc { large, size, segment, oversize } => {
                         rules.count_device_alloc(pool(large), size, segment, oversize);
-                        counters.count_device_alloc(pool(large), size, segment, oversize);
+                        counters.families().device_alloc(pool(large), size, segment, oversize);
                     }
                     Step::DeviceFree { large, size, segment, oversize } => {
                         rules.count_device_free(pool(large), size, segment, oversize);
-                        counters.count_device_free(pool(large), size, segment, oversize);
+                        counters.families().device_free(pool(large), size, segment, oversize);
                     }
                     Step::ResetPeak => {
                         rules.reset_peak();
@@ -538,7 +485,7 @@ mod tests {
     fn a_peak_reached_while_a_free_waits_is_actives_alone() {
         let mut counters = Counters::new(-1);
         counters.count_alloc(PoolKind::Large, 4 << 20, 4 << 20, false);
-        counters.count_free_requested(PoolKind::Large, 4 << 20, false);
+        counters.families().free_requested(PoolKind::Large, 4 << 20, false);
         counters.count_waiting(PoolKind::Large, 4 << 20);
         counters.count_alloc(PoolKind::Large, 2 << 20, 2 << 20, false);
         let stats = counters.to_stats();
