@@ -16,8 +16,9 @@
 //!   blocks are counted. `active`'s peak is `allocation`'s except where it was reached while a
 //!   block waited; such peaks are tracked then, off the common path.
 //!
-//! The rules themselves, and the order of updates they imply, are [`MemoryStats`]'s methods';
-//! the tests replay random sequences through both and compare every key.
+//! The rules that move the families both layouts keep are written once, in [`Families`]; what
+//! differs is `active`, `active_bytes` and the derived sums. The tests replay random sequences
+//! through both layouts and compare every key, after every step.
 
 use super::{Families, Family, MemoryStats, Stat, StatArray};
 use crate::size::PoolKind;
