@@ -209,6 +209,8 @@ enum Op {
     EmptyPoolCache {
         pool: usize,
     },
+    ResetPeak,
+    ResetAccumulated,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -224,6 +226,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..POOLS.len()).prop_map(|pool| Op::End { pool }),
         4 => (0..POOLS.len()).prop_map(|pool| Op::Release { pool }),
         2 => (0..POOLS.len()).prop_map(|pool| Op::EmptyPoolCache { pool }),
+        2 => Just(Op::ResetPeak),
+        2 => Just(Op::ResetAccumulated),
     ]
 }
 
@@ -272,6 +276,14 @@ fn run(settings: &str, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::End { pool } => a.end_allocate_to_pool(POOLS[pool]),
             Op::Release { pool } => a.release_pool(POOLS[pool]),
             Op::EmptyPoolCache { pool } => a.empty_pool_cache(POOLS[pool]),
+            Op::ResetPeak => {
+                a.reset_peak_stats();
+                Ok(())
+            }
+            Op::ResetAccumulated => {
+                a.reset_accumulated_stats();
+                Ok(())
+            }
             _ => Ok(()),
         };
         match result {

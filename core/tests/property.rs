@@ -21,6 +21,8 @@ enum Op {
     FinishStream { stream: usize },
     EmptyCache,
     ToggleExpandable,
+    ResetPeak,
+    ResetAccumulated,
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -43,6 +45,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..STREAMS.len()).prop_map(|stream| Op::FinishStream { stream }),
         3 => Just(Op::EmptyCache),
         1 => Just(Op::ToggleExpandable),
+        2 => Just(Op::ResetPeak),
+        2 => Just(Op::ResetAccumulated),
     ]
 }
 
@@ -151,6 +155,8 @@ fn run(config_index: usize, ops: &[Op]) -> Result<(), TestCaseError> {
                 let enabled = !a.config().expandable_segments();
                 a.set_config(a.config().clone().with_expandable_segments(enabled)).unwrap();
             }
+            Op::ResetPeak => a.reset_peak_stats(),
+            Op::ResetAccumulated => a.reset_accumulated_stats(),
             _ => {}
         }
         // A stream that stopped being held (finished, or waited for by an unmap) has completed
