@@ -80,10 +80,19 @@ def settings(rng):
     return ",".join(parts)
 
 
-def settings_pool(master_seed, k=SETTINGS_PER_CAMPAIGN):
+def settings_pool(master_seed, device_total, k=SETTINGS_PER_CAMPAIGN):
     """The campaign's settings: a few dozen, so that captures of one setting share a process
-    that imported torch (see capture.py); the first is PyTorch's defaults."""
-    return [""] + [settings(random.Random(master_seed * 7919 + n)) for n in range(1, k)]
+    that imported torch (see capture.py); the first is PyTorch's defaults. From seed 4 on, a fifth
+    of them also set the memory fraction as a key, `per_process_memory_fraction` (0.5-2.5 GiB of
+    the device allowed), drawn from a generator of its own so that seeds 1-3 stay as they were."""
+    pool = [""] + [settings(random.Random(master_seed * 7919 + n)) for n in range(1, k)]
+    if master_seed >= 4:
+        for n in range(1, k):
+            rng = random.Random(master_seed * 7919 + n + 1_000_000)
+            if rng.random() < 0.2:
+                fraction = round(rng.uniform(0.5, 2.5) * GIB / device_total, 5)
+                pool[n] = ",".join(p for p in [pool[n], f"per_process_memory_fraction:{fraction}"] if p)
+    return pool
 
 
 def size(rng, conf_split_mb):
@@ -191,7 +200,7 @@ def main():
     # An H100 80GB's total_memory; the fraction is chosen to allow 0.5-2.5 GiB of it.
     ap.add_argument("--device-total", type=int, default=85_029_158_912)
     a = ap.parse_args()
-    pool = settings_pool(a.seed)
+    pool = settings_pool(a.seed, a.device_total)
     for i in range(a.start, a.start + a.count):
         sys.stdout.write(json.dumps(spec(a.seed, i, a.device_total, pool), separators=(",", ":")) + "\n")
 

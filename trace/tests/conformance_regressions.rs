@@ -1,6 +1,9 @@
 //! Regression traces of the differential campaign (`scripts/conformance/`, `CONFORMANCE.md`):
 //! small PyTorch 2.11 traces, captured on an H100, whose replay once differed from what PyTorch
-//! did. Each must now replay to exactly what PyTorch recorded.
+//! did. Each must now replay to exactly what PyTorch recorded. Beside them, two of seed 4
+//! (captured on an H200) that set the memory fraction as a key, `per_process_memory_fraction`,
+//! and run out of memory under it (`c4_00054`; `c4_00319` with expandable segments): that
+//! setting's first traces, which matched at once.
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
