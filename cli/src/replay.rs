@@ -225,13 +225,14 @@ fn replay_every_device(
         println!("{name}: {} devices, {entries} entries in {seconds:.2} s", outcomes.len());
         let devices = DeviceAllocators::from_allocators(outcomes.into_iter().map(|o| o.allocator).collect());
         for (device, a) in devices.iter().enumerate() {
+            let stats = a.stats();
             println!(
                 "{name} device {device}: {} segments, allocated {} B, reserved {} B, peak reserved {} B, {} OOMs",
                 a.snapshot().len(),
                 a.memory_allocated(),
                 a.memory_reserved(),
-                a.stats().max_memory_reserved(),
-                a.stats().num_ooms
+                stats.max_memory_reserved(),
+                stats.num_ooms
             );
         }
     }

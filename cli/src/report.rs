@@ -40,7 +40,7 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
             }
             let outcome =
                 replay(&snapshot, &options, |_, _| {}).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
-            Ok(outcome.allocator.stats().clone())
+            Ok(outcome.allocator.stats())
         }
         Input::Ops(ops) => {
             let config = AllocatorConfig::parse(args.config.as_deref().unwrap_or("")).context("--config")?;
@@ -49,7 +49,7 @@ pub fn end_stats(args: &SourceArgs) -> Result<MemoryStats> {
             let mut handles = vec![None; ops.handles];
             ops.replay(&mut allocator, &mut handles, false)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
-            Ok(allocator.stats().clone())
+            Ok(allocator.stats())
         }
     }
 }

@@ -381,7 +381,7 @@ impl Runtime {
 
     /// `torch.cuda.memory_stats()`.
     pub fn stats(&self) -> MemoryStats {
-        self.inner.borrow().device.allocator().stats().clone()
+        self.inner.borrow().device.allocator().stats()
     }
 
     /// `torch.cuda.memory_summary()`.

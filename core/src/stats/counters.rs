@@ -165,8 +165,6 @@ pub(crate) struct Counters {
     inactive_split_bytes: Tally,
     requested_bytes: Tally,
     waiting: Waiting,
-    /// Blocks waiting, over both pools: the test that keeps the peak tracking off a malloc.
-    waiting_now: u64,
     oversize_allocations: Stat,
     oversize_segments: Stat,
     /// [`MemoryStats::num_alloc_retries`].
@@ -231,7 +229,8 @@ impl Counters {
     #[inline]
     pub(crate) fn count_alloc(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
         self.families().alloc(pool, size, requested, oversize);
-        if self.waiting_now != 0 {
+        // The `all` bucket of the waiting blocks: whether any waits.
+        if self.waiting.blocks[0] != 0 {
             self.track_active_peaks();
         }
     }
@@ -241,26 +240,30 @@ impl Counters {
     #[cold]
     #[inline(never)]
     fn track_active_peaks(&mut self) {
-        let w = &mut self.waiting;
         for bucket in 0..3 {
-            w.active_peak[bucket] = w.active_peak[bucket].max(self.allocation.current(bucket) + w.blocks[bucket]);
-            w.active_bytes_peak[bucket] =
-                w.active_bytes_peak[bucket].max(self.allocated_bytes.current(bucket) + w.bytes[bucket]);
+            let (active, active_bytes) = self.active_now(bucket);
+            let w = &mut self.waiting;
+            w.active_peak[bucket] = w.active_peak[bucket].max(active);
+            w.active_bytes_peak[bucket] = w.active_bytes_peak[bucket].max(active_bytes);
         }
+    }
+
+    /// `active` and `active_bytes` now, in `bucket` (0 `all`, then the pools).
+    fn active_now(&self, bucket: usize) -> (i64, i64) {
+        let w = &self.waiting;
+        (self.allocation.current(bucket) + w.blocks[bucket], self.allocated_bytes.current(bucket) + w.bytes[bucket])
     }
 
     /// The block of `size` bytes just free-requested waits for events on other streams: it
     /// stays active until [`Counters::count_wait_over`].
     pub(crate) fn count_waiting(&mut self, pool: PoolKind, size: u64) {
         self.waiting.change(pool, 1, size as i64);
-        self.waiting_now += 1;
     }
 
     /// The events of a waiting block of `size` bytes have completed; its free completes next
     /// ([`Counters::count_free_completed`]).
     pub(crate) fn count_wait_over(&mut self, pool: PoolKind, size: u64) {
         self.waiting.change(pool, -1, -(size as i64));
-        self.waiting_now -= 1;
     }
 
     /// [`MemoryStats::count_free_completed`]; `active` falls by itself, as the block is neither
@@ -286,8 +289,7 @@ impl Counters {
     pub(crate) fn reset_peak(&mut self) {
         self.tallies_mut().into_iter().for_each(Tally::reset_peak);
         for bucket in 0..3 {
-            self.waiting.active_peak[bucket] = self.allocation.current(bucket) + self.waiting.blocks[bucket];
-            self.waiting.active_bytes_peak[bucket] = self.allocated_bytes.current(bucket) + self.waiting.bytes[bucket];
+            (self.waiting.active_peak[bucket], self.waiting.active_bytes_peak[bucket]) = self.active_now(bucket);
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();

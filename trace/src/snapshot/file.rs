@@ -111,7 +111,7 @@ impl Snapshot {
             trace,
             stacks: allocator.contexts().stacks().iter().map(|s| s.to_vec()).collect(),
             annotations: allocator.contexts().annotations().to_vec(),
-            stats: allocator.stats().clone(),
+            stats: allocator.stats(),
             marks: allocator.marks().to_vec(),
             timings: Vec::new(),
             trace_complete: complete,
