@@ -1,4 +1,5 @@
-//! `cachalot bench [OPS...] [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]`:
+//! `cachalot bench [OPS...] [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]
+//! [--each-replay]`:
 //! times op files (`shared/bench/README.md`) on cachalot's allocator and prints the median ns
 //! per op in the shape of `shared/bench/torch_alloc_bench.py` (`file allocator median ns/op`),
 //! so the two outputs of one run on one machine compare line by line. Without files it times the
@@ -14,7 +15,7 @@ use cachalot_core::AllocatorConfig;
 use cachalot_runtime::bench::BenchTarget;
 use cachalot_runtime::{BackendRequest, DeviceOptions};
 use cachalot_trace::ops::OpFile;
-use cachalot_trace::ops::timing::{TIMED_REPLAYS, format_line};
+use cachalot_trace::ops::timing::{TIMED_REPLAYS, WARMUP_REPLAYS, format_line};
 
 use crate::failure::{Failure, Outcome};
 use crate::run::parse_bytes;
@@ -34,6 +35,12 @@ pub struct BenchArgs {
     /// Timed replays per file, after one warm-up (the median is printed).
     #[arg(long, default_value_t = TIMED_REPLAYS as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
+    /// After each file's line, one comment line per timed replay: its ns per op and the device
+    /// allocations and frees it made. A replay with none ran on the cache alone (the hot path);
+    /// the median can fall on one that paid for driver calls, as a policy that gives memory
+    /// back settles in.
+    #[arg(long)]
+    pub each_replay: bool,
     /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: PyTorch's defaults,
     /// as the reference harness runs).
     #[arg(long, default_value = "")]
@@ -84,6 +91,13 @@ pub fn run(args: &BenchArgs) -> Outcome {
             .with_context(|| format!("{name} on {allocator}"))
             .map_err(|error| Failure { status: 1, error })?;
         println!("{}", format_line(name, &allocator, timing.median));
+        if args.each_replay {
+            // The warm-up is replay 1.
+            for (i, (ns, calls)) in timing.ns_per_op.iter().zip(&timing.device_calls).enumerate() {
+                let noun = if *calls == 1 { "call" } else { "calls" };
+                println!("# {name} replay {}: {ns:.1} ns/op, {calls} device {noun}", WARMUP_REPLAYS + i + 1);
+            }
+        }
     }
     Ok(())
 }

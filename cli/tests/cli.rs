@@ -154,6 +154,47 @@ fn bench_times_op_files_in_the_harness_shape() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `cachalot bench --each-replay`: after the median line, each timed replay's ns per op and its
+/// device calls. Two oversize blocks that cannot serve each other on a device that holds only
+/// one: every replay frees one segment and allocates the other, twice (PyTorch's retry chain);
+/// on a roomy device only the warm-up allocates.
+#[test]
+fn bench_each_replay_counts_its_device_calls() {
+    let dir = std::env::temp_dir().join(format!("cachalot-bench-each-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("alternate.ops");
+    // 24 MiB and 46 MiB: with max_split_size_mb:20 both are oversize, and 46 MiB is past the
+    // 20 MiB of rounding an oversize request may take beyond its size.
+    std::fs::write(&file, "a 0 25165824\nf 0\na 1 48234496\nf 1\n").unwrap();
+    let file = file.display().to_string();
+    let replays = |extra: &[&str]| {
+        let mut args = vec!["bench", &file, "--backend", "sim", "--reps", "3", "--each-replay"];
+        args.extend_from_slice(extra);
+        let out = cachalot(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+        assert_eq!(lines.len(), 4, "{stdout}");
+        assert!(lines[0].starts_with("alternate.ops") && lines[0].ends_with("ns/op"), "{stdout}");
+        lines[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, line)| {
+                let prefix = format!("# alternate.ops replay {}: ", i + 2);
+                let rest = line.strip_prefix(&prefix).unwrap_or_else(|| panic!("{line}"));
+                let (ns, calls) = rest.split_once(" ns/op, ").unwrap();
+                assert!(ns.parse::<f64>().unwrap() > 0.0, "{line}");
+                calls.to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let tight = replays(&["--capacity", "64MiB", "--config", "max_split_size_mb:20"]);
+    assert_eq!(tight, ["4 device calls"; 3]);
+    let roomy = replays(&["--config", "max_split_size_mb:20"]);
+    assert_eq!(roomy, ["0 device calls"; 3]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `cachalot stats --json | head -0`: the reader has closed the pipe, and the command ends as Unix
 /// tools do, by SIGPIPE, without a panic message.
 #[cfg(unix)]

@@ -2,7 +2,9 @@
 # `policy:cachalot` against PyTorch's policy on one device (BENCHMARKS.md §15, "The policy on
 # CUDA"): `cachalot bench` under each policy on the same op files, ROUNDS rounds, the order
 # alternating, pinned to one core. Prints per file the medians of the rounds' ns per op and the
-# median of the rounds' ratios (ours / PyTorch's policy).
+# median of the rounds' ratios (ours / PyTorch's policy); and the hot path apart: the same ratio
+# over only the timed replays that made no device call (`cachalot bench --each-replay`), with
+# how many of ours' timed replays did make some.
 #
 # With BEST=FILE (lines `OPS_NAME|SETTINGS`, OPS_NAME the op file's name without `.ops`; the
 # settings of §15 are in scripts/dev/policy-best-settings.txt), each file named there is also
@@ -63,8 +65,19 @@ for r in $(seq "$rounds"); do
     for ((i = 0; i < n; i++)); do
       entry=${configs[$(((i + r) % n))]}
       label=${entry%%=*} config=${entry#*=}
-      taskset -c "${PIN:-5}" "$bin" bench --backend "${BACKEND:-cuda}" --config "$config" "$ops" 2>/dev/null |
-        awk -v r="$r" -v c="$label" '/ns\/op/ { sub(/\.ops$/, "", $1); print r, $1, c, $(NF-1) }' >>"$out"
+      # The median line, then the hot path: the median of the timed replays that made no
+      # device call ("-" when every one did), and how many made some.
+      taskset -c "${PIN:-5}" "$bin" bench --backend "${BACKEND:-cuda}" --config "$config" --each-replay "$ops" 2>/dev/null |
+        python3 -c '
+import statistics, sys
+r, label = sys.argv[1:]
+lines = sys.stdin.read().splitlines()
+name, median = lines[0].split()[0].removesuffix(".ops"), lines[0].split()[-2]
+replays = [(float(l.split()[4]), int(l.split()[6])) for l in lines[1:] if l.startswith("# ")]
+hot = [ns for ns, calls in replays if calls == 0]
+hot_median = f"{statistics.median(hot):.1f}" if hot else "-"
+print(r, name, label, median, hot_median, sum(1 for _, calls in replays if calls))
+' "$r" "$label" >>"$out"
     done
   done
   echo "round $r done" >&2
@@ -76,16 +89,21 @@ import sys
 
 rounds = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    r, name, policy, ns = line.split()
-    rounds[(name, int(r))][policy] = float(ns)
+    r, name, policy, ns, hot, moving = line.split()
+    rounds[(name, int(r))][policy] = (float(ns), None if hot == "-" else float(hot), int(moving))
 print(f"{'ops file':34} {'pytorch':>9} {'best':>9} {'cachalot':>9} {'ours/pytorch':>12} {'ours/best':>9}"
-      "  (ns/op medians of rounds; ratios: medians of the rounds' ratios)")
+      f" {'hot path':>9} {'moving':>6}")
+print("  (ns/op medians of rounds; ratios: medians of the rounds' ratios; hot path: ours / PyTorch's defaults"
+      " over the timed replays that made no device call; moving: ours' timed replays with device calls, per round)")
 for name in sorted({name for name, _ in rounds}):
     runs = [t for (n, _), t in rounds.items() if n == name and "pytorch" in t and "policy:cachalot" in t]
-    median = lambda key: statistics.median(t[key] for t in runs)
-    ratio = lambda key: statistics.median(t["policy:cachalot"] / t[key] for t in runs)
+    median = lambda key: statistics.median(t[key][0] for t in runs)
+    ratio = lambda key: statistics.median(t["policy:cachalot"][0] / t[key][0] for t in runs)
     has_best = all("best" in t for t in runs)
     best, versus_best = (f"{median('best'):9.1f}", f"{ratio('best'):9.3f}") if has_best else (f"{'-':>9}", f"{'-':>9}")
+    hot = [t["policy:cachalot"][1] / t["pytorch"][1] for t in runs if t["policy:cachalot"][1] and t["pytorch"][1]]
+    hot = f"{statistics.median(hot):9.3f}" if hot else f"{'-':>9}"
+    moving = statistics.median(t["policy:cachalot"][2] for t in runs)
     print(f"{name:34} {median('pytorch'):9.1f} {best} {median('policy:cachalot'):9.1f} "
-          f"{ratio('pytorch'):12.3f} {versus_best}  ({len(runs)} rounds)")
+          f"{ratio('pytorch'):12.3f} {versus_best} {hot} {moving:6g}  ({len(runs)} rounds)")
 PY

@@ -22,6 +22,10 @@ pub const TIMED_REPLAYS: usize = 5;
 pub struct ReplayTiming {
     /// ns per op of each timed replay, in order (warm-ups left out).
     pub ns_per_op: Vec<f64>,
+    /// The device allocations and frees (segments, or pages mapped and unmapped) each timed
+    /// replay made, in the same order: a replay with none ran on the cache alone, which is
+    /// what a policy's hot path costs; one with some paid for driver calls too.
+    pub device_calls: Vec<u64>,
     /// Their median (the mean of the middle two for an even count, as Python's).
     pub median: f64,
 }
@@ -43,8 +47,9 @@ pub fn format_line(file: &str, allocator: &str, median: f64) -> String {
 }
 
 /// Replays `ops` `warmups + timed` times on `allocator`, all on the default stream, and
-/// returns the timed replays' ns per op. `synchronize` runs after each replay, untimed (the
-/// harness's `cudaDeviceSynchronize`); allocations a file leaves live are freed untimed too.
+/// returns the timed replays' ns per op and device calls. `synchronize` runs after each
+/// replay, untimed (the harness's `cudaDeviceSynchronize`); allocations a file leaves live are
+/// freed untimed too, and their frees are not counted as the replay's device calls.
 pub fn time_replays<B: Backend, E>(
     allocator: &mut CachingAllocator<B>,
     ops: &OpFile,
@@ -58,17 +63,25 @@ where
     let mut handles: Vec<Option<Allocation>> = vec![None; ops.handles];
     let count = ops.ops.len().max(1) as f64;
     let mut ns_per_op = Vec::with_capacity(timed);
+    let mut device_calls = Vec::with_capacity(timed);
+    let calls_so_far = |allocator: &CachingAllocator<B>| {
+        let stats = allocator.stats();
+        stats.num_device_alloc + stats.num_device_free
+    };
     for replay in 0..warmups + timed {
+        let before = calls_so_far(allocator);
         let start = Instant::now();
         ops.replay(allocator, &mut handles, true)?;
         let elapsed = start.elapsed();
+        let calls = calls_so_far(allocator) - before;
         synchronize(allocator)?;
         OpFile::free_live(allocator, &mut handles)?;
         if replay >= warmups {
             ns_per_op.push(elapsed.as_nanos() as f64 / count);
+            device_calls.push(calls);
         }
     }
-    Ok(ReplayTiming { median: median(&ns_per_op), ns_per_op })
+    Ok(ReplayTiming { median: median(&ns_per_op), ns_per_op, device_calls })
 }
 
 /// Times `ops` on a fresh allocator with `config` over the simulator with `capacity` bytes:
@@ -100,6 +113,8 @@ mod tests {
         let timing = time_on_sim(&ops, 1 << 30, AllocatorConfig::default(), 3).unwrap();
         assert_eq!(timing.ns_per_op.len(), 3);
         assert!(timing.ns_per_op.iter().all(|&ns| ns > 0.0));
+        // The warm-up allocated the segments; the timed replays ran on the cache.
+        assert_eq!(timing.device_calls, [0, 0, 0]);
         assert!(format_line("steady-1MiB.ops", "cachalot-sim", 12.34).ends_with("      12.3 ns/op"));
     }
 
