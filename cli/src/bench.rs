@@ -35,10 +35,10 @@ pub struct BenchArgs {
     /// Timed replays per file, after one warm-up (the median is printed).
     #[arg(long, default_value_t = TIMED_REPLAYS as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
-    /// After each file's line, one comment line per timed replay: its ns per op and the device
-    /// allocations and frees it made. A replay with none ran on the cache alone (the hot path);
-    /// the median can fall on one that paid for driver calls, as a policy that gives memory
-    /// back settles in.
+    /// After each file's line, a comment line per timed replay: its time per op and device calls
+    /// (a replay with none ran on the cache alone).
+    // Why: the median can fall on a replay that paid for driver calls, as a policy that gives
+    // memory back settles in; these lines tell the hot path from those.
     #[arg(long)]
     pub each_replay: bool,
     /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: PyTorch's defaults,
