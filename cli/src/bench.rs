@@ -37,8 +37,8 @@ pub struct BenchArgs {
     pub reps: u32,
     /// After each file's line, a comment line per timed replay: its time per op and device calls
     /// (a replay with none ran on the cache alone).
-    // Why: the median can fall on a replay that paid for driver calls, as a policy that gives
-    // memory back settles in; these lines tell the hot path from those.
+    // The median can fall on a replay that paid for driver calls, as a policy that gives memory
+    // back settles in; these lines tell the hot path from those.
     #[arg(long)]
     pub each_replay: bool,
     /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: PyTorch's defaults,
@@ -92,7 +92,7 @@ pub fn run(args: &BenchArgs) -> Outcome {
             .map_err(|error| Failure { status: 1, error })?;
         println!("{}", format_line(name, &allocator, timing.median));
         if args.each_replay {
-            // The warm-up is replay 1.
+            // Replays are numbered from 1, warm-ups included.
             for (i, (ns, calls)) in timing.ns_per_op.iter().zip(&timing.device_calls).enumerate() {
                 let noun = if *calls == 1 { "call" } else { "calls" };
                 println!("# {name} replay {}: {ns:.1} ns/op, {calls} device {noun}", WARMUP_REPLAYS + i + 1);

@@ -3,8 +3,8 @@
 # CUDA"): `cachalot bench` under each policy on the same op files, ROUNDS rounds, the order
 # alternating, pinned to one core. Prints per file the medians of the rounds' ns per op and the
 # median of the rounds' ratios (ours / PyTorch's policy); and the hot path apart: the same ratio
-# over only the timed replays that made no device call (`cachalot bench --each-replay`), with
-# how many of ours' timed replays did make some.
+# over only the timed replays in which neither policy made a device call (`cachalot bench
+# --each-replay`), with how many of ours' timed replays did make some.
 #
 # With BEST=FILE (lines `OPS_NAME|SETTINGS`, OPS_NAME the op file's name without `.ops`; the
 # settings of §15 are in scripts/dev/policy-best-settings.txt), each file named there is also
@@ -65,19 +65,18 @@ for r in $(seq "$rounds"); do
     for ((i = 0; i < n; i++)); do
       entry=${configs[$(((i + r) % n))]}
       label=${entry%%=*} config=${entry#*=}
-      # The median line, then the hot path: the median of the timed replays that made no
-      # device call ("-" when every one did), and how many made some.
+      # The median line, then each timed replay as NS:CALLS (its ns per op and device calls).
       taskset -c "${PIN:-5}" "$bin" bench --backend "${BACKEND:-cuda}" --config "$config" --each-replay "$ops" 2>/dev/null |
         python3 -c '
-import statistics, sys
-r, label = sys.argv[1:]
+import sys
+r, label, ops = sys.argv[1:]
 lines = sys.stdin.read().splitlines()
+if not lines or not lines[0].endswith("ns/op"):
+    sys.exit(f"policy-bench: no timing for {ops} under {label} (does the binary know --each-replay?)")
 name, median = lines[0].split()[0].removesuffix(".ops"), lines[0].split()[-2]
-replays = [(float(l.split()[4]), int(l.split()[6])) for l in lines[1:] if l.startswith("# ")]
-hot = [ns for ns, calls in replays if calls == 0]
-hot_median = f"{statistics.median(hot):.1f}" if hot else "-"
-print(r, name, label, median, hot_median, sum(1 for _, calls in replays if calls))
-' "$r" "$label" >>"$out"
+replays = [l.split() for l in lines[1:] if l.startswith("# ")]
+print(r, name, label, median, ",".join(f"{f[4]}:{f[6]}" for f in replays))
+' "$r" "$label" "$ops" >>"$out"
     done
   done
   echo "round $r done" >&2
@@ -89,21 +88,34 @@ import sys
 
 rounds = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    r, name, policy, ns, hot, moving = line.split()
-    rounds[(name, int(r))][policy] = (float(ns), None if hot == "-" else float(hot), int(moving))
+    r, name, policy, ns, replays = line.split()
+    replays = [(float(ns), int(calls)) for ns, calls in (item.split(":") for item in replays.split(","))]
+    rounds[(name, int(r))][policy] = (float(ns), replays)
+
+
+def hot_ratio(t):
+    """Ours / PyTorch's defaults over the timed replays in which neither made a device call (the
+    same replays on both sides, so a replay's place in the run weighs alike), or None."""
+    pairs = [(ours, theirs) for (ours, a), (theirs, b) in zip(t["policy:cachalot"][1], t["pytorch"][1]) if a == b == 0]
+    if not pairs:
+        return None
+    return statistics.median(o for o, _ in pairs) / statistics.median(p for _, p in pairs)
+
+
 print(f"{'ops file':34} {'pytorch':>9} {'best':>9} {'cachalot':>9} {'ours/pytorch':>12} {'ours/best':>9}"
-      f" {'hot path':>9} {'moving':>6}")
+      f" {'hot path':>14} {'moving':>6}")
 print("  (ns/op medians of rounds; ratios: medians of the rounds' ratios; hot path: ours / PyTorch's defaults"
-      " over the timed replays that made no device call; moving: ours' timed replays with device calls, per round)")
+      " over the timed replays in which neither made a device call, with the rounds that had one; moving: ours'"
+      " timed replays with device calls, median of rounds)")
 for name in sorted({name for name, _ in rounds}):
     runs = [t for (n, _), t in rounds.items() if n == name and "pytorch" in t and "policy:cachalot" in t]
     median = lambda key: statistics.median(t[key][0] for t in runs)
     ratio = lambda key: statistics.median(t["policy:cachalot"][0] / t[key][0] for t in runs)
     has_best = all("best" in t for t in runs)
     best, versus_best = (f"{median('best'):9.1f}", f"{ratio('best'):9.3f}") if has_best else (f"{'-':>9}", f"{'-':>9}")
-    hot = [t["policy:cachalot"][1] / t["pytorch"][1] for t in runs if t["policy:cachalot"][1] and t["pytorch"][1]]
-    hot = f"{statistics.median(hot):9.3f}" if hot else f"{'-':>9}"
-    moving = statistics.median(t["policy:cachalot"][2] for t in runs)
+    hot = [h for h in map(hot_ratio, runs) if h is not None]
+    hot = f"{statistics.median(hot):.3f} ({len(hot)})" if hot else "-"
+    moving = statistics.median(sum(1 for _, calls in t["policy:cachalot"][1] if calls) for t in runs)
     print(f"{name:34} {median('pytorch'):9.1f} {best} {median('policy:cachalot'):9.1f} "
-          f"{ratio('pytorch'):12.3f} {versus_best} {hot} {moving:6g}  ({len(runs)} rounds)")
+          f"{ratio('pytorch'):12.3f} {versus_best} {hot:>14} {moving:6g}  ({len(runs)} rounds)")
 PY

@@ -47,9 +47,9 @@ pub fn format_line(file: &str, allocator: &str, median: f64) -> String {
 }
 
 /// Replays `ops` `warmups + timed` times on `allocator`, all on the default stream, and
-/// returns the timed replays' ns per op and device calls. `synchronize` runs after each
-/// replay, untimed (the harness's `cudaDeviceSynchronize`); allocations a file leaves live are
-/// freed untimed too, and their frees are not counted as the replay's device calls.
+/// returns the timed replays' ns per op and device calls (counted over the timed region only).
+/// `synchronize` runs after each replay, untimed (the harness's `cudaDeviceSynchronize`);
+/// allocations a file leaves live are freed untimed too.
 pub fn time_replays<B: Backend, E>(
     allocator: &mut CachingAllocator<B>,
     ops: &OpFile,
