@@ -1,5 +1,17 @@
-//! What differs between devices: raw segments, optional VA reservations with page mapping,
-//! stream events and device facts. All policy stays in the allocator.
+//! What differs between devices, as capabilities (small traits a backend composes, as CubeCL's
+//! `ComputeStorage` and `VirtualStorage`):
+//!
+//! - [`Segments`]: the device's facts and raw segments (`cudaMalloc` / `cudaFree`).
+//! - [`Pages`]: virtual-memory pages, VA reserved and pages mapped on demand (expandable
+//!   segments); every method defaults to "not supported".
+//! - [`StreamEvents`]: events recorded on streams, the allocator's only view of the device's work.
+//! - [`Backend`]: all three, what [`crate::CachingAllocator`] runs on. Implemented for every type
+//!   that has them; nobody implements it by hand.
+//!
+//! A backend that takes its events from somewhere else keeps the device's segments and pages and
+//! swaps only the events: [`WithEvents`] puts an [`EventLayer`] over a backend (the replay's
+//! stand-in streams, a test's events that lie) without forwarding anything by hand. All policy
+//! stays in the allocator.
 
 use std::fmt;
 
@@ -77,63 +89,83 @@ impl BackendError {
     }
 }
 
-/// The device operations the caching allocator needs.
+/// The device's facts and its raw segments: what every backend has.
 ///
 /// Implementations: [`crate::SimBackend`] here, `cachalot-cuda` (CUDA driver through cudarc)
 /// and `cachalot-wgpu`. Addresses are device addresses for CUDA and the simulator; the wgpu
 /// backend hands out addresses in a virtual space of its own and maps them to buffers.
 ///
 /// A backend provides segments, events and facts; every decision is the allocator's. This one
-/// wraps the simulator and counts the device allocations it is asked for (expandable segments'
-/// page calls have defaults that say the backend does not support them):
+/// is the smallest: addresses from a counter, no virtual memory ([`Pages`]' defaults refuse
+/// expandable segments), and work that is always done:
 ///
 /// ```
-/// use cachalot_core::{AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId};
+/// use cachalot_core::{AllocatorConfig, BackendError, CachingAllocator, DeviceFacts, StreamId};
+/// use cachalot_core::backend::{Pages, Segments, StreamEvents};
 ///
-/// struct Counting {
-///     device: SimBackend,
-///     segments: u64,
+/// struct Counter {
+///     facts: DeviceFacts,
+///     next: u64,
+///     used: u64,
 /// }
 ///
-/// impl Backend for Counting {
-///     type Event = <SimBackend as Backend>::Event;
+/// impl Segments for Counter {
 ///     fn device(&self) -> &DeviceFacts {
-///         self.device.device()
+///         &self.facts
 ///     }
-///     fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
-///         self.segments += 1;
-///         self.device.allocate_segment(size, stream)
+///     fn allocate_segment(&mut self, size: u64, _stream: StreamId) -> Result<u64, BackendError> {
+///         if self.used + size > self.facts.total_memory {
+///             return Err(BackendError::out_of_memory());
+///         }
+///         let address = self.next;
+///         self.next += size.next_multiple_of(self.facts.alignment);
+///         self.used += size;
+///         Ok(address)
 ///     }
-///     fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-///         self.device.free_segment(address, size)
+///     fn free_segment(&mut self, _address: u64, size: u64) -> Result<(), BackendError> {
+///         self.used -= size;
+///         Ok(())
 ///     }
 ///     fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
-///         self.device.memory_info()
-///     }
-///     fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
-///         self.device.record_event(stream)
-///     }
-///     fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
-///         self.device.query_event(event)
-///     }
-///     fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
-///         self.device.synchronize_event(event)
+///         Ok((self.facts.total_memory - self.used, self.facts.total_memory))
 ///     }
 /// }
 ///
-/// let backend = Counting { device: SimBackend::new(1 << 30), segments: 0 };
-/// let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default())?;
+/// impl Pages for Counter {}
+///
+/// impl StreamEvents for Counter {
+///     type Event = ();
+///     fn record_event(&mut self, _stream: StreamId) -> Result<(), BackendError> {
+///         Ok(())
+///     }
+///     fn query_event(&mut self, _event: &()) -> Result<bool, BackendError> {
+///         Ok(true)
+///     }
+///     fn synchronize_event(&mut self, _event: &()) -> Result<(), BackendError> {
+///         Ok(())
+///     }
+/// }
+///
+/// let facts = DeviceFacts {
+///     backend: "counter".into(),
+///     name: "a counter".into(),
+///     index: 0,
+///     total_memory: 1 << 30,
+///     alignment: 512,
+///     max_segment_size: None,
+///     max_binding_size: None,
+///     supports_expandable_segments: false,
+///     details: Vec::new(),
+/// };
+/// let mut allocator = CachingAllocator::new(Counter { facts, next: 1 << 40, used: 0 }, AllocatorConfig::default())?;
 /// for _ in 0..3 {
 ///     let x = allocator.malloc(4 << 20, StreamId::DEFAULT)?;
 ///     allocator.free(x)?; // cached: the next malloc takes the same block
 /// }
-/// assert_eq!(allocator.backend().segments, 1);
+/// assert_eq!(allocator.backend().used, 20 << 20); // one large segment
 /// # Ok::<(), cachalot_core::AllocatorError>(())
 /// ```
-pub trait Backend {
-    /// A recorded point in a stream's work (CUDA event, wgpu submission index, ...).
-    type Event;
-
+pub trait Segments {
     /// Facts about the device.
     fn device(&self) -> &DeviceFacts;
 
@@ -141,17 +173,39 @@ pub trait Backend {
     /// A device that is out of memory answers [`BackendError::OutOfMemory`].
     fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError>;
 
-    /// Frees a segment returned by [`Backend::allocate_segment`] (`cudaFree`).
+    /// Frees a segment returned by [`Segments::allocate_segment`] (`cudaFree`).
     fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError>;
 
     /// `(free, total)` device memory (`cudaMemGetInfo`), for out-of-memory messages.
     fn memory_info(&mut self) -> Result<(u64, u64), BackendError>;
 
+    /// Wall-clock time in microseconds for trace entries.
+    fn now_us(&mut self) -> i64 {
+        0
+    }
+
+    /// The per-process memory sentence of PyTorch's OOM message ("Including non-PyTorch memory,
+    /// this process has ... memory in use. "), where the backend can tell; empty otherwise.
+    fn process_memory_text(&mut self) -> String {
+        String::new()
+    }
+
+    /// The error of a capability this backend does not offer.
+    fn unsupported(&self, what: &str) -> BackendError {
+        BackendError::Unsupported { backend: self.device().backend.clone(), what: what.to_owned() }
+    }
+}
+
+/// Virtual-memory pages: VA reserved once, physical pages mapped into it on demand (what
+/// `expandable_segments` needs). Every method defaults to [`BackendError::Unsupported`], so a
+/// backend without virtual memory writes `impl Pages for MyBackend {}`; the allocator asks
+/// only when [`DeviceFacts::supports_expandable_segments`] says yes.
+pub trait Pages: Segments {
     /// Reserves `size` bytes of virtual address space whose pages of `page_size` bytes will be
     /// mapped on demand (`cuMemAddressReserve`).
     fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
         let _ = (size, page_size, stream);
-        Err(self.unsupported("expandable segments (virtual memory mapping)"))
+        Err(self.unsupported(NO_PAGES))
     }
 
     /// Backs `[base + offset, base + offset + size)` of a reservation with physical pages
@@ -159,21 +213,30 @@ pub trait Backend {
     /// mapped.
     fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
         let _ = (base, offset, size);
-        Err(self.unsupported("expandable segments (virtual memory mapping)"))
+        Err(self.unsupported(NO_PAGES))
     }
 
     /// Unmaps and releases the pages of a range after the work of `stream` is done
     /// (`cudaStreamSynchronize` + `cuMemUnmap` + `cuMemRelease`).
     fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         let _ = (base, offset, size, stream);
-        Err(self.unsupported("expandable segments (virtual memory mapping)"))
+        Err(self.unsupported(NO_PAGES))
     }
 
     /// Releases a reservation with nothing mapped in it (`cuMemAddressFree`).
     fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
         let _ = (base, size);
-        Err(self.unsupported("expandable segments (virtual memory mapping)"))
+        Err(self.unsupported(NO_PAGES))
     }
+}
+
+const NO_PAGES: &str = "expandable segments (virtual memory mapping)";
+
+/// Events on streams: how the allocator learns that work which used a block has finished (a
+/// block freed after use on another stream waits for them).
+pub trait StreamEvents {
+    /// A recorded point in a stream's work (CUDA event, wgpu submission index, ...).
+    type Event;
 
     /// Records an event at the current end of `stream`'s work (`cudaEventRecord`).
     fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError>;
@@ -188,20 +251,197 @@ pub trait Backend {
     fn release_event(&mut self, event: Self::Event) {
         drop(event);
     }
+}
 
-    /// Wall-clock time in microseconds for trace entries.
+/// Everything the caching allocator needs of a device: segments, pages and stream events.
+///
+/// Implemented for every type with the three capabilities; implement those instead.
+pub trait Backend: Pages + StreamEvents {}
+
+impl<T: Pages + StreamEvents> Backend for T {}
+
+/// Stream events layered over a backend's own: a layer answers for the streams it takes over
+/// and passes the others to the backend underneath ([`WithEvents`]).
+pub trait EventLayer<B: StreamEvents> {
+    /// The layer's events (typically its own, or one of the backend's).
+    type Event;
+
+    /// Records an event at the current end of `stream`'s work.
+    fn record_event(&mut self, device: &mut B, stream: StreamId) -> Result<Self::Event, BackendError>;
+
+    /// Whether the work before `event` has finished.
+    fn query_event(&mut self, device: &mut B, event: &Self::Event) -> Result<bool, BackendError>;
+
+    /// Waits for the work before `event`.
+    fn synchronize_event(&mut self, device: &mut B, event: &Self::Event) -> Result<(), BackendError>;
+
+    /// Returns an event that is no longer needed.
+    fn release_event(&mut self, device: &mut B, event: Self::Event) {
+        let _ = device;
+        drop(event);
+    }
+}
+
+/// A backend's segments and pages with the stream events of a layer over its own: the way to
+/// change how events are made without writing another backend.
+#[derive(Clone, Debug)]
+pub struct WithEvents<B, L> {
+    inner: B,
+    layer: L,
+}
+
+impl<B, L> WithEvents<B, L> {
+    /// `inner`'s memory, with `layer` over its events.
+    pub fn new(inner: B, layer: L) -> Self {
+        WithEvents { inner, layer }
+    }
+
+    /// The backend underneath.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// The backend underneath, mutably.
+    pub fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// The event layer.
+    pub fn layer(&self) -> &L {
+        &self.layer
+    }
+
+    /// The event layer, mutably.
+    pub fn layer_mut(&mut self) -> &mut L {
+        &mut self.layer
+    }
+
+    /// The backend and the layer, apart again.
+    pub fn into_parts(self) -> (B, L) {
+        (self.inner, self.layer)
+    }
+}
+
+impl<B: Segments, L> Segments for WithEvents<B, L> {
+    fn device(&self) -> &DeviceFacts {
+        self.inner.device()
+    }
+    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
+        self.inner.allocate_segment(size, stream)
+    }
+    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.free_segment(address, size)
+    }
+    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
+        self.inner.memory_info()
+    }
     fn now_us(&mut self) -> i64 {
-        0
+        self.inner.now_us()
     }
-
-    /// The per-process memory sentence of PyTorch's OOM message ("Including non-PyTorch memory,
-    /// this process has ... memory in use. "), where the backend can tell; empty otherwise.
     fn process_memory_text(&mut self) -> String {
-        String::new()
+        self.inner.process_memory_text()
+    }
+}
+
+impl<B: Pages, L> Pages for WithEvents<B, L> {
+    fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
+        self.inner.reserve_address_space(size, page_size, stream)
+    }
+    fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.map_pages(base, offset, size)
+    }
+    fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
+        self.inner.unmap_pages(base, offset, size, stream)
+    }
+    fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.release_address_space(base, size)
+    }
+}
+
+impl<B: StreamEvents, L: EventLayer<B>> StreamEvents for WithEvents<B, L> {
+    type Event = L::Event;
+
+    fn record_event(&mut self, stream: StreamId) -> Result<L::Event, BackendError> {
+        self.layer.record_event(&mut self.inner, stream)
+    }
+    fn query_event(&mut self, event: &L::Event) -> Result<bool, BackendError> {
+        self.layer.query_event(&mut self.inner, event)
+    }
+    fn synchronize_event(&mut self, event: &L::Event) -> Result<(), BackendError> {
+        self.layer.synchronize_event(&mut self.inner, event)
+    }
+    fn release_event(&mut self, event: L::Event) {
+        self.layer.release_event(&mut self.inner, event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimEvent;
+    use crate::{AllocatorConfig, CachingAllocator, SimBackend};
+
+    /// A layer that keeps the events of one stream pending until told, and counts the events it
+    /// passes to the device.
+    #[derive(Default)]
+    struct HoldOne {
+        held: Option<StreamId>,
+        done: bool,
+        passed: usize,
     }
 
-    /// Helper for the default methods.
-    fn unsupported(&self, what: &str) -> BackendError {
-        BackendError::Unsupported { backend: self.device().backend.clone(), what: what.to_owned() }
+    impl EventLayer<SimBackend> for HoldOne {
+        type Event = Option<SimEvent>;
+
+        fn record_event(&mut self, device: &mut SimBackend, stream: StreamId) -> Result<Self::Event, BackendError> {
+            if self.held == Some(stream) {
+                return Ok(None);
+            }
+            self.passed += 1;
+            device.record_event(stream).map(Some)
+        }
+        fn query_event(&mut self, device: &mut SimBackend, event: &Self::Event) -> Result<bool, BackendError> {
+            match event {
+                Some(event) => device.query_event(event),
+                None => Ok(self.done),
+            }
+        }
+        fn synchronize_event(&mut self, device: &mut SimBackend, event: &Self::Event) -> Result<(), BackendError> {
+            match event {
+                Some(event) => device.synchronize_event(event),
+                None => {
+                    self.done = true;
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The layer decides the events; segments are the device's. A block used on the held
+    /// stream stays out of the cache until the layer says its work is done.
+    #[test]
+    fn a_layer_swaps_the_events_and_keeps_the_segments() {
+        let (held, other) = (StreamId(7), StreamId(8));
+        let layer = HoldOne { held: Some(held), ..HoldOne::default() };
+        let mut allocator =
+            CachingAllocator::new(WithEvents::new(SimBackend::new(1 << 30), layer), AllocatorConfig::default())
+                .unwrap();
+        let a = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        let b = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        let address = a.address();
+        allocator.record_stream(&a, held).unwrap();
+        allocator.record_stream(&b, other).unwrap();
+        allocator.free(a).unwrap();
+        allocator.free(b).unwrap();
+        assert_eq!(allocator.backend().layer().passed, 1, "only the other stream's event reached the device");
+        assert_eq!(allocator.backend().inner().used(), allocator.memory_reserved());
+        let c = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        assert_ne!(c.address(), address, "reused while the held stream's work was pending");
+        allocator.backend_mut().layer_mut().done = true;
+        let d = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        assert_eq!(d.address(), address);
+        allocator.free(c).unwrap();
+        allocator.free(d).unwrap();
+        assert_eq!(allocator.backend().layer().passed, 1);
     }
 }

@@ -3,7 +3,7 @@
 //! A caching GPU memory allocator that behaves exactly like PyTorch 2.11's CUDA caching
 //! allocator — same rounding, pools, best fit, split and merge, streams and events, garbage
 //! collection, out-of-memory retry chain, expandable segments, `memory_stats()` and
-//! `memory_summary()` — over any device that implements [`Backend`].
+//! `memory_summary()` — over any device with the [`Backend`] capabilities.
 //!
 //! This crate is pure Rust with no parser, GPU or GUI dependency and no `unsafe` (it also builds
 //! for `wasm32`): all policy lives here, and the backends (`cachalot-cuda`, `cachalot-wgpu`, and
@@ -46,7 +46,9 @@ pub use allocator::{
     Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, DynOomObserver, OomEvent,
     OomObserver, SegmentSnapshot,
 };
-pub use backend::{Backend, BackendError, DeviceFacts, StreamId};
+pub use backend::{
+    Backend, BackendError, DeviceFacts, EventLayer, Pages, Segments, StreamEvents, StreamId, WithEvents,
+};
 pub use config::{AllocatorConfig, ConfigBuilder, ConfigError, Policy};
 pub use error::{AllocatorError, HandleError, OutOfMemoryError, PoolError};
 pub use pool::{PoolFilter, PoolId};

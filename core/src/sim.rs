@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::backend::{Backend, BackendError, DeviceFacts, StreamId};
+use crate::backend::{BackendError, DeviceFacts, Pages, Segments, StreamEvents, StreamId};
 use crate::size::SMALL_BUFFER;
 
 /// Where fresh simulated addresses start (a typical CUDA device address).
@@ -113,7 +113,7 @@ impl MappedRanges {
 /// A simulated device.
 ///
 /// ```
-/// use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, SimBackend, StreamId};
+/// use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
 ///
 /// // A device of 1 GiB: the allocator behaves as on a GPU of that size, out-of-memory included.
 /// let mut allocator = CachingAllocator::new(SimBackend::new(1 << 30), AllocatorConfig::default())?;
@@ -369,9 +369,7 @@ impl SimBackend {
     }
 }
 
-impl Backend for SimBackend {
-    type Event = SimEvent;
-
+impl Segments for SimBackend {
     fn device(&self) -> &DeviceFacts {
         &self.facts
     }
@@ -403,6 +401,16 @@ impl Backend for SimBackend {
         Ok((free, self.facts.total_memory))
     }
 
+    fn now_us(&mut self) -> i64 {
+        self.clock_us
+    }
+
+    fn process_memory_text(&mut self) -> String {
+        self.process_text.clone()
+    }
+}
+
+impl Pages for SimBackend {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, _stream: StreamId) -> Result<u64, BackendError> {
         let base = self.take_address(true, size);
         self.reservations_made += 1;
@@ -467,6 +475,10 @@ impl Backend for SimBackend {
             None => Err(BackendError::Device(format!("release of unknown reservation {base:#x}"))),
         }
     }
+}
+
+impl StreamEvents for SimBackend {
+    type Event = SimEvent;
 
     fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
         let work = self.streams.entry(stream).or_default();
@@ -486,14 +498,6 @@ impl Backend for SimBackend {
             work.completed = work.completed.max(event.sequence);
         }
         Ok(())
-    }
-
-    fn now_us(&mut self) -> i64 {
-        self.clock_us
-    }
-
-    fn process_memory_text(&mut self) -> String {
-        self.process_text.clone()
     }
 }
 

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
-use cachalot_core::backend::{Backend, BackendError, DeviceFacts, StreamId};
+use cachalot_core::backend::{BackendError, DeviceFacts, Pages, Segments, StreamEvents, StreamId};
 use cachalot_core::{Allocation, AllocatorConfig, AllocatorError, CachingAllocator, SimBackend};
 
 const MIB: u64 = 1 << 20;
@@ -27,9 +27,7 @@ impl Faulty {
     }
 }
 
-impl Backend for Faulty {
-    type Event = <SimBackend as Backend>::Event;
-
+impl Segments for Faulty {
     fn device(&self) -> &DeviceFacts {
         self.sim.device()
     }
@@ -45,6 +43,9 @@ impl Backend for Faulty {
         self.call()?;
         self.sim.memory_info()
     }
+}
+
+impl Pages for Faulty {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
         self.call()?;
         self.sim.reserve_address_space(size, page_size, stream)
@@ -61,6 +62,10 @@ impl Backend for Faulty {
         self.call()?;
         self.sim.release_address_space(base, size)
     }
+}
+
+impl StreamEvents for Faulty {
+    type Event = <SimBackend as StreamEvents>::Event;
     fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
         self.call()?;
         self.sim.record_event(stream)

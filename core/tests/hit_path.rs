@@ -5,7 +5,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use cachalot_core::backend::{Backend, BackendError, DeviceFacts, StreamId};
+use cachalot_core::backend::{BackendError, DeviceFacts, Pages, Segments, StreamEvents, StreamId};
 use cachalot_core::sim::SimEvent;
 use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};
 
@@ -52,8 +52,7 @@ struct CountingBackend {
     calls: u64,
 }
 
-impl Backend for CountingBackend {
-    type Event = SimEvent;
+impl Segments for CountingBackend {
     fn device(&self) -> &DeviceFacts {
         self.sim.device()
     }
@@ -69,6 +68,13 @@ impl Backend for CountingBackend {
         self.calls += 1;
         self.sim.memory_info()
     }
+    fn now_us(&mut self) -> i64 {
+        self.calls += 1;
+        0
+    }
+}
+
+impl Pages for CountingBackend {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
         self.calls += 1;
         self.sim.reserve_address_space(size, page_size, stream)
@@ -85,6 +91,10 @@ impl Backend for CountingBackend {
         self.calls += 1;
         self.sim.release_address_space(base, size)
     }
+}
+
+impl StreamEvents for CountingBackend {
+    type Event = SimEvent;
     fn record_event(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
         self.calls += 1;
         self.sim.record_event(stream)
@@ -96,10 +106,6 @@ impl Backend for CountingBackend {
     fn synchronize_event(&mut self, event: &SimEvent) -> Result<(), BackendError> {
         self.calls += 1;
         self.sim.synchronize_event(event)
-    }
-    fn now_us(&mut self) -> i64 {
-        self.calls += 1;
-        0
     }
 }
 

@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 
 use crate::pool_calls::PoolCall;
 use crate::snapshot::torch::TorchSnapshot;
-use cachalot_core::backend::Backend;
+use cachalot_core::backend::Segments;
 use cachalot_core::backend::StreamId;
 use cachalot_core::config::{AllocatorConfig, ConfigError, Policy};
 use cachalot_core::error::{AllocatorError, OutOfMemoryError};

@@ -1,9 +1,9 @@
-//! `CudaBackend`: [`cachalot_core::Backend`] over the CUDA driver.
+//! `CudaBackend`: the [`cachalot_core::Backend`] capabilities over the CUDA driver.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cachalot_core::{Backend, BackendError, DeviceFacts, StreamId};
+use cachalot_core::{BackendError, DeviceFacts, Pages, Segments, StreamEvents, StreamId};
 use cudarc::driver::{CudaEvent, result, sys};
 
 use crate::device::CudaDevice;
@@ -14,7 +14,7 @@ use crate::vmm::VirtualMemory;
 /// far more aligned segments).
 pub const BLOCK_ALIGNMENT: u64 = 512;
 
-/// The CUDA driver as a cachalot [`Backend`]: real device memory, streams and events.
+/// The CUDA driver as a cachalot [`cachalot_core::Backend`]: real device memory, streams and events.
 ///
 /// - Segments: `cuMemAlloc` / `cuMemFree` of raw device pointers; a block's
 ///   [`cachalot_core::Allocation::address`] is a `CUdeviceptr` kernels can use directly.
@@ -25,7 +25,9 @@ pub const BLOCK_ALIGNMENT: u64 = 512;
 ///   large), mapped all or nothing, unmapped after the segment's stream is synchronized.
 /// - Events: `cuEventRecord` on the stream at free time, `cuEventQuery` in `process_events`
 ///   (`CUDA_ERROR_NOT_READY` = not done), from a pool of `CU_EVENT_DISABLE_TIMING` events.
-/// - Streams: those of the shared [`CudaDevice`]; a [`StreamId`] is the `CUstream` value.
+/// - Streams: those of the shared [`CudaDevice`]; a [`StreamId`] is the `CUstream` value. On a
+///   device opened with [`CudaDevice::open_with_foreign_streams`], streams someone else made
+///   too (PyTorch's): events are recorded on them and pages unmapped after them the same way.
 ///
 /// Dropping the backend (with its allocator) synchronizes the device and frees every segment
 /// and page it still holds: allocations must not be used afterwards.
@@ -157,9 +159,7 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
-    type Event = CudaEvent;
-
+impl Segments for CudaBackend {
     fn device(&self) -> &DeviceFacts {
         &self.facts
     }
@@ -197,6 +197,15 @@ impl Backend for CudaBackend {
         self.device.memory_info().map_err(BackendError::from)
     }
 
+    fn now_us(&mut self) -> i64 {
+        // PyTorch stamps trace entries with microseconds since the Unix epoch.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+}
+
+impl Pages for CudaBackend {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, _stream: StreamId) -> Result<u64, BackendError> {
         self.bind()?;
         self.vmm()?.reserve(size, page_size)
@@ -209,8 +218,8 @@ impl Backend for CudaBackend {
 
     fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
         self.bind()?;
-        // PyTorch synchronizes the segment's stream before unmapping; a stream this device did
-        // not make (a replayed trace's) is covered by synchronizing the whole device.
+        // PyTorch synchronizes the segment's stream before unmapping; a stream this device
+        // neither made nor takes as foreign is covered by synchronizing the whole device.
         let synchronized = match self.device.stream(stream) {
             Ok(s) => s.synchronize().map_err(|e| backend_error("cuStreamSynchronize", e)),
             Err(_) => self.device.synchronize().map_err(BackendError::from),
@@ -223,6 +232,10 @@ impl Backend for CudaBackend {
         self.bind()?;
         self.vmm()?.release(base, size)
     }
+}
+
+impl StreamEvents for CudaBackend {
+    type Event = CudaEvent;
 
     fn record_event(&mut self, stream: StreamId) -> Result<CudaEvent, BackendError> {
         let cuda_stream = self.device.stream(stream).map_err(BackendError::from)?;
@@ -253,13 +266,6 @@ impl Backend for CudaBackend {
 
     fn release_event(&mut self, event: CudaEvent) {
         self.event_pool.push(event);
-    }
-
-    fn now_us(&mut self) -> i64 {
-        // PyTorch stamps trace entries with microseconds since the Unix epoch.
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
     }
 }
 

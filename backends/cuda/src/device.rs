@@ -64,6 +64,10 @@ pub fn device_count() -> Result<usize, CudaError> {
 /// blocks are ordered by stream handle first); the legacy default stream is
 /// [`StreamId::DEFAULT`] (0). Streams made by [`CudaDevice::new_stream`] are non-blocking (as
 /// PyTorch's `torch.cuda.Stream()`s) and live as long as the device.
+///
+/// A device opened with [`CudaDevice::open_with_foreign_streams`] also takes streams it did not
+/// make: any other [`StreamId`] is the raw handle of a stream someone else owns (PyTorch's
+/// `cudaStream_t`s), which events are recorded on and which is synchronized like one of its own.
 #[derive(Debug)]
 pub struct CudaDevice {
     context: Arc<CudaContext>,
@@ -71,6 +75,8 @@ pub struct CudaDevice {
     compute_capability: (i32, i32),
     multiprocessors: u32,
     streams: RwLock<BTreeMap<StreamId, Arc<CudaStream>>>,
+    /// Whether a [`StreamId`] this device did not make is a caller's raw `CUstream`.
+    foreign_streams: bool,
 }
 
 impl CudaDevice {
@@ -79,6 +85,25 @@ impl CudaDevice {
     /// Without `libcuda`, or without such a device, this is an error naming the cause; it
     /// never panics.
     pub fn open(ordinal: usize) -> Result<Arc<Self>, CudaError> {
+        Self::open_streams(ordinal, false)
+    }
+
+    /// Opens device `ordinal` as [`CudaDevice::open`] does, taking every [`StreamId`] it did
+    /// not make as the raw `CUstream` handle of someone else's stream (PyTorch's streams,
+    /// passed to its allocator as `cudaStream_t`s).
+    ///
+    /// # Safety
+    ///
+    /// Every [`StreamId`] given to this device, or to a backend or kernels on it, that the
+    /// device did not make must be the value of a live stream handle of the device's primary
+    /// context, or 0 (the legacy default stream); its owner must keep it alive while work
+    /// recorded on it may still be waited for (PyTorch never destroys its pool streams, and
+    /// its own allocator relies on the same).
+    pub unsafe fn open_with_foreign_streams(ordinal: usize) -> Result<Arc<Self>, CudaError> {
+        Self::open_streams(ordinal, true)
+    }
+
+    fn open_streams(ordinal: usize, foreign_streams: bool) -> Result<Arc<Self>, CudaError> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
@@ -99,6 +124,7 @@ impl CudaDevice {
             compute_capability,
             multiprocessors: u32::try_from(multiprocessors).unwrap_or(1).max(1),
             streams: RwLock::new(streams),
+            foreign_streams,
         }))
     }
 
@@ -135,17 +161,53 @@ impl CudaDevice {
         Ok(id)
     }
 
-    /// The stream with this id, if it was made here (or is the default stream).
+    /// The stream with this id: one made here (or the default stream), or, on a device that
+    /// takes foreign streams, the caller's stream of that handle.
     pub fn stream(&self, id: StreamId) -> Result<Arc<CudaStream>, CudaError> {
-        self.streams
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| CudaError::InvalidArguments(format!("stream {id} was not created by this device")))
+        if let Some(stream) = self.streams.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&id) {
+            return Ok(Arc::clone(stream));
+        }
+        if self.foreign_streams {
+            // SAFETY: the caller of `open_with_foreign_streams` promised that every id this
+            // device did not make is a live stream handle of its primary context; the wrapper
+            // borrows it (dropping it destroys nothing).
+            return Ok(unsafe { self.context.wrap_borrowed_stream(id.0 as usize as sys::CUstream) });
+        }
+        Err(CudaError::InvalidArguments(format!("stream {id} was not created by this device")))
     }
 
-    /// Whether this id names a stream of this device.
+    /// Whether streams this device did not make are taken as raw handles
+    /// ([`CudaDevice::open_with_foreign_streams`]).
+    pub fn takes_foreign_streams(&self) -> bool {
+        self.foreign_streams
+    }
+
+    /// Whether `id` is capturing a CUDA graph. The legacy default stream (0) counts as
+    /// capturing while another stream of the context captures in global or thread-local mode,
+    /// where the driver refuses to say (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): work on it would
+    /// join the capture.
+    pub fn is_capturing(&self, id: StreamId) -> Result<bool, CudaError> {
+        use sys::CUresult::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT};
+        let stream = self.stream(id)?;
+        // SAFETY: the handle of a stream of this device (or a foreign one the caller vouched
+        // for), alive while `stream` is.
+        let query = || unsafe { result::stream::is_capturing(stream.cu_stream()) };
+        let status = match query() {
+            // A thread not yet bound to the device asks about the legacy stream.
+            Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => {
+                self.bind()?;
+                query()
+            }
+            other => other,
+        };
+        match status {
+            Ok(status) => Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE),
+            Err(e) if e.0 == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
+            Err(source) => Err(CudaError::Driver { call: "cuStreamIsCapturing", source }),
+        }
+    }
+
+    /// Whether this id names a stream this device made (or the default stream).
     pub fn has_stream(&self, id: StreamId) -> bool {
         self.streams.read().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(&id)
     }

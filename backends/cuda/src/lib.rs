@@ -4,7 +4,9 @@
 //! `cachalot-core`) over real device memory, and the kernels of the experiments on it.
 //!
 //! - [`CudaDevice`]: a device's primary context and the streams known by [`StreamId`] (the
-//!   numeric `CUstream` value, as PyTorch orders blocks; the default stream is 0). Shared by:
+//!   numeric `CUstream` value, as PyTorch orders blocks; the default stream is 0), those it made
+//!   and, opened with [`CudaDevice::open_with_foreign_streams`], those someone else made
+//!   (PyTorch's `cudaStream_t`s). Shared by:
 //! - [`CudaBackend`]: implements [`cachalot_core::Backend`] — `cuMemAlloc`/`cuMemFree`
 //!   segments (out of memory enters the allocator's retry chain), expandable segments through
 //!   the VMM API, events recorded at free time and queried by `process_events`.
@@ -80,7 +82,7 @@ pub fn caching_allocator(ordinal: usize, config: AllocatorConfig) -> Result<Cach
 /// panics.
 pub fn probe(ordinal: usize) -> Result<String, CudaError> {
     let backend = CudaBackend::new(ordinal)?;
-    let facts = cachalot_core::Backend::device(&backend);
+    let facts = cachalot_core::Segments::device(&backend);
     let (major, minor) = backend.cuda().compute_capability();
     Ok(format!(
         "CUDA device {ordinal}: {} ({:.1} GiB, compute capability {major}.{minor})",

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cachalot_core::error::format_size;
-use cachalot_core::{Backend, BackendError, DeviceFacts, StreamId};
+use cachalot_core::{BackendError, DeviceFacts, Pages, Segments, StreamEvents, StreamId};
 
 use crate::context::WgpuContext;
 use crate::error::KernelError;
@@ -152,9 +152,7 @@ impl WgpuBackend {
     }
 }
 
-impl Backend for WgpuBackend {
-    type Event = QueueEvent;
-
+impl Segments for WgpuBackend {
     fn device(&self) -> &DeviceFacts {
         &self.facts
     }
@@ -214,6 +212,28 @@ impl Backend for WgpuBackend {
         Ok((total.saturating_sub(self.used), total))
     }
 
+    fn now_us(&mut self) -> i64 {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as i64)
+                .unwrap_or(0)
+        }
+        // `SystemTime` panics on wasm32-unknown-unknown.
+        #[cfg(target_arch = "wasm32")]
+        {
+            0
+        }
+    }
+}
+
+/// wgpu has no virtual memory mapping: `expandable_segments` is refused.
+impl Pages for WgpuBackend {}
+
+impl StreamEvents for WgpuBackend {
+    type Event = QueueEvent;
+
     fn record_event(&mut self, _stream: StreamId) -> Result<QueueEvent, BackendError> {
         Ok(QueueEvent(self.context.last_submission()))
     }
@@ -228,20 +248,5 @@ impl Backend for WgpuBackend {
 
     fn synchronize_event(&mut self, event: &QueueEvent) -> Result<(), BackendError> {
         self.context.wait_for(event.0)
-    }
-
-    fn now_us(&mut self) -> i64 {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros() as i64)
-                .unwrap_or(0)
-        }
-        // `SystemTime` panics on wasm32-unknown-unknown.
-        #[cfg(target_arch = "wasm32")]
-        {
-            0
-        }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cachalot_core::{AllocatorError, Backend, HandleError, StreamId};
+use cachalot_core::{AllocatorError, HandleError, Segments, StreamEvents, StreamId};
 use cachalot_shaders::MatmulShape;
 use cachalot_shaders::ops::{Activation, ActivationForward, Matmul};
 use cachalot_wgpu::{KernelError, Kernels, QUEUE_STREAM, WgpuConfig, WgpuContext};

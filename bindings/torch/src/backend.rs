@@ -1,21 +1,22 @@
-//! `DeviceBackend`: the device under one PyTorch device's allocator — CUDA with PyTorch's own
+//! `DeviceBackend`: the device under one PyTorch device's allocator — CUDA on PyTorch's own
 //! streams, or the simulator for tests and machines without a GPU.
 //!
 //! PyTorch hands the allocator raw `cudaStream_t`s it created itself (`torch.cuda.Stream()`,
-//! NCCL's streams, the legacy default stream 0). `cachalot-cuda`'s [`CudaBackend`] records its
-//! events on streams of its own [`cachalot_cuda::CudaDevice`] and knows no others, so the CUDA
-//! variant here keeps `CudaBackend` for segments and pages and records the events itself, with
-//! the driver, on the caller's stream handle: the [`StreamId`] *is* the `cudaStream_t` value.
+//! NCCL's streams, the legacy default stream 0). The CUDA variant is `cachalot-cuda`'s
+//! [`CudaBackend`] on a device that takes foreign streams
+//! ([`CudaDevice::open_with_foreign_streams`]): the [`StreamId`] *is* the `cudaStream_t` value,
+//! and the backend's own events are recorded on it.
 
-use cachalot_core::{Backend, BackendError, DeviceFacts, SimBackend, StreamId};
-use cachalot_cuda::CudaBackend;
-use cachalot_cuda::cudarc::driver::{DriverError, result, sys};
+use cachalot_core::{BackendError, DeviceFacts, Pages, Segments, SimBackend, StreamEvents, StreamId};
+use cachalot_cuda::cudarc::driver::CudaEvent;
+use cachalot_cuda::{CudaBackend, CudaDevice, CudaError};
 
-/// The device of one allocator.
+/// The device of one allocator. The choice is made at run time (the settings say which), so
+/// each capability is passed to the variant's.
 #[derive(Debug)]
 pub enum DeviceBackend {
     /// A CUDA device, driven through PyTorch's streams.
-    Cuda(TorchCudaBackend),
+    Cuda(CudaBackend),
     /// The simulator: streams are whatever numbers the caller passes, instantly idle unless a
     /// test holds one busy ([`SimBackend::hold_stream`]).
     Sim(SimBackend),
@@ -25,187 +26,34 @@ pub enum DeviceBackend {
 #[derive(Debug)]
 pub enum DeviceEvent {
     /// A `CUevent` recorded on a PyTorch stream.
-    Cuda(RawEvent),
+    Cuda(CudaEvent),
     /// A simulator event.
-    Sim(<SimBackend as Backend>::Event),
-}
-
-/// A `CUevent` made with `CU_EVENT_DISABLE_TIMING`, owned by the backend's pool.
-#[derive(Debug)]
-pub struct RawEvent(sys::CUevent);
-
-// SAFETY: a CUevent is a handle the driver lets any thread use; the allocator that owns it is
-// only ever used under its device's mutex.
-unsafe impl Send for RawEvent {}
-
-/// [`CudaBackend`] for segments and pages, with events recorded on raw PyTorch streams.
-#[derive(Debug)]
-pub struct TorchCudaBackend {
-    inner: CudaBackend,
-    /// Recycled events (creating one is a driver call; PyTorch pools them too).
-    event_pool: Vec<RawEvent>,
-}
-
-impl TorchCudaBackend {
-    /// Opens CUDA device `ordinal` (its primary context, the one PyTorch's runtime uses).
-    pub fn new(ordinal: usize) -> Result<Self, cachalot_cuda::CudaError> {
-        Ok(TorchCudaBackend { inner: CudaBackend::new(ordinal)?, event_pool: Vec::new() })
-    }
-
-    /// The segment-and-page backend underneath.
-    pub fn cuda(&self) -> &CudaBackend {
-        &self.inner
-    }
-
-    fn bind(&self) -> Result<(), BackendError> {
-        self.inner.cuda().bind().map_err(BackendError::from)
-    }
-
-    /// Whether `stream` is capturing a CUDA graph. The legacy default stream (0) counts as
-    /// capturing while another stream of the context captures in global or thread-local mode,
-    /// where the driver refuses to say (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): work on it would
-    /// join the capture.
-    pub fn capture_status(&self, stream: StreamId) -> Result<bool, BackendError> {
-        use sys::CUresult::{CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT};
-        // SAFETY: a stream handle PyTorch gave the allocator (or 0, the legacy stream).
-        let query = || unsafe { result::stream::is_capturing(raw_stream(stream)) };
-        let status = match query() {
-            // A thread PyTorch has not yet bound to the device asks about the legacy stream.
-            Err(e) if e.0 == CUDA_ERROR_INVALID_CONTEXT => {
-                self.bind()?;
-                query()
-            }
-            other => other,
-        };
-        match status {
-            Ok(status) => Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE),
-            Err(e) if e.0 == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
-            Err(e) => Err(driver_error("cuStreamIsCapturing", e)),
-        }
-    }
-}
-
-fn driver_error(call: &str, error: DriverError) -> BackendError {
-    BackendError::Device(format!("{call} failed: {error:?}"))
-}
-
-/// The stream handle PyTorch passed, back as the driver's type.
-fn raw_stream(stream: StreamId) -> sys::CUstream {
-    stream.0 as usize as sys::CUstream
-}
-
-impl Backend for TorchCudaBackend {
-    type Event = RawEvent;
-
-    fn device(&self) -> &DeviceFacts {
-        self.inner.device()
-    }
-
-    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
-        self.inner.allocate_segment(size, stream)
-    }
-
-    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.free_segment(address, size)
-    }
-
-    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
-        self.inner.memory_info()
-    }
-
-    fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
-        self.inner.reserve_address_space(size, page_size, stream)
-    }
-
-    fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.map_pages(base, offset, size)
-    }
-
-    fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
-        // PyTorch synchronizes the segment's stream before unmapping. The inner backend only
-        // knows its own streams, so the PyTorch stream is synchronized here and the inner call
-        // gets the default stream, which it synchronizes too (cheap, and never too little).
-        self.bind()?;
-        // SAFETY: a stream handle PyTorch gave the allocator; PyTorch's streams outlive its
-        // memory (pool streams are never destroyed).
-        unsafe { result::stream::synchronize(raw_stream(stream)) }
-            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
-        self.inner.unmap_pages(base, offset, size, StreamId::DEFAULT)
-    }
-
-    fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.release_address_space(base, size)
-    }
-
-    fn record_event(&mut self, stream: StreamId) -> Result<RawEvent, BackendError> {
-        self.bind()?;
-        let event = match self.event_pool.pop() {
-            Some(event) => event,
-            None => RawEvent(
-                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .map_err(|e| driver_error("cuEventCreate", e))?,
-            ),
-        };
-        // SAFETY: our live event, and a stream handle PyTorch gave the allocator.
-        match unsafe { result::event::record(event.0, raw_stream(stream)) } {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.event_pool.push(event);
-                Err(driver_error("cuEventRecord", e))
-            }
-        }
-    }
-
-    fn query_event(&mut self, event: &RawEvent) -> Result<bool, BackendError> {
-        // SAFETY: our live event.
-        match unsafe { result::event::query(event.0) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(driver_error("cuEventQuery", e)),
-        }
-    }
-
-    fn synchronize_event(&mut self, event: &RawEvent) -> Result<(), BackendError> {
-        // SAFETY: our live event.
-        unsafe { result::event::synchronize(event.0) }.map_err(|e| driver_error("cuEventSynchronize", e))
-    }
-
-    fn release_event(&mut self, event: RawEvent) {
-        self.event_pool.push(event);
-    }
-
-    fn now_us(&mut self) -> i64 {
-        self.inner.now_us()
-    }
-
-    fn process_memory_text(&mut self) -> String {
-        self.inner.process_memory_text()
-    }
-}
-
-impl Drop for TorchCudaBackend {
-    fn drop(&mut self) {
-        for event in self.event_pool.drain(..) {
-            // SAFETY: pooled events are not recorded anywhere any more.
-            let _ = unsafe { result::event::destroy(event.0) };
-        }
-    }
+    Sim(<SimBackend as StreamEvents>::Event),
 }
 
 impl DeviceBackend {
-    /// Whether `stream` is capturing a CUDA graph ([`TorchCudaBackend::capture_status`]); the
-    /// simulator never captures.
+    /// CUDA device `ordinal` (its primary context, the one PyTorch's runtime uses), taking the
+    /// streams PyTorch passes.
+    pub fn cuda(ordinal: usize) -> Result<Self, CudaError> {
+        // SAFETY: the allocator is only given PyTorch's `cudaStream_t`s for this device (its
+        // current stream at each call, or the stream of `record_stream`), handles of the
+        // primary context that PyTorch keeps alive while memory used on them may be waited for
+        // (its pool streams are never destroyed), as PyTorch's own allocator assumes.
+        let device = unsafe { CudaDevice::open_with_foreign_streams(ordinal) }?;
+        Ok(DeviceBackend::Cuda(CudaBackend::with_device(device)?))
+    }
+
+    /// Whether `stream` is capturing a CUDA graph ([`CudaDevice::is_capturing`]); the simulator
+    /// never captures.
     pub fn capture_status(&self, stream: StreamId) -> Result<bool, BackendError> {
         match self {
-            DeviceBackend::Cuda(b) => b.capture_status(stream),
+            DeviceBackend::Cuda(b) => b.cuda().is_capturing(stream).map_err(BackendError::from),
             DeviceBackend::Sim(_) => Ok(false),
         }
     }
 }
 
-impl Backend for DeviceBackend {
-    type Event = DeviceEvent;
-
+impl Segments for DeviceBackend {
     fn device(&self) -> &DeviceFacts {
         match self {
             DeviceBackend::Cuda(b) => b.device(),
@@ -234,6 +82,22 @@ impl Backend for DeviceBackend {
         }
     }
 
+    fn now_us(&mut self) -> i64 {
+        match self {
+            DeviceBackend::Cuda(b) => b.now_us(),
+            DeviceBackend::Sim(b) => b.now_us(),
+        }
+    }
+
+    fn process_memory_text(&mut self) -> String {
+        match self {
+            DeviceBackend::Cuda(b) => b.process_memory_text(),
+            DeviceBackend::Sim(b) => b.process_memory_text(),
+        }
+    }
+}
+
+impl Pages for DeviceBackend {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
         match self {
             DeviceBackend::Cuda(b) => b.reserve_address_space(size, page_size, stream),
@@ -261,6 +125,10 @@ impl Backend for DeviceBackend {
             DeviceBackend::Sim(b) => b.release_address_space(base, size),
         }
     }
+}
+
+impl StreamEvents for DeviceBackend {
+    type Event = DeviceEvent;
 
     fn record_event(&mut self, stream: StreamId) -> Result<DeviceEvent, BackendError> {
         match self {
@@ -291,20 +159,6 @@ impl Backend for DeviceBackend {
             (DeviceBackend::Sim(b), DeviceEvent::Sim(e)) => b.release_event(e),
             // Cannot happen (each backend only sees its own events); dropping is safe.
             _ => {}
-        }
-    }
-
-    fn now_us(&mut self) -> i64 {
-        match self {
-            DeviceBackend::Cuda(b) => b.now_us(),
-            DeviceBackend::Sim(b) => b.now_us(),
-        }
-    }
-
-    fn process_memory_text(&mut self) -> String {
-        match self {
-            DeviceBackend::Cuda(b) => b.process_memory_text(),
-            DeviceBackend::Sim(b) => b.process_memory_text(),
         }
     }
 }

@@ -19,7 +19,7 @@ use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
 use rustc_hash::FxHashMap;
 
-use crate::backend::{DeviceBackend, TorchCudaBackend};
+use crate::backend::DeviceBackend;
 
 /// Device ordinals the registry serves (`0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;
@@ -217,9 +217,9 @@ impl Registry {
     fn make_device(&self, device: usize) -> Result<DeviceState, String> {
         let settings = self.settings();
         let backend = match settings.device {
-            DeviceKind::Cuda => DeviceBackend::Cuda(
-                TorchCudaBackend::new(device).map_err(|e| format!("CUDA device {device} is not usable: {e}"))?,
-            ),
+            DeviceKind::Cuda => {
+                DeviceBackend::cuda(device).map_err(|e| format!("CUDA device {device} is not usable: {e}"))?
+            }
             DeviceKind::Simulator { capacity } => DeviceBackend::Sim(SimBackend::new(capacity)),
         };
         let mut allocator = CachingAllocator::new(backend, settings.config.clone())

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::{Mutex, Once};
 
-use cachalot_core::{Backend, StreamId};
+use cachalot_core::{Segments, StreamId};
 use cachalot_torch::abi::{
     ERROR_NONE, ERROR_OTHER, ERROR_OUT_OF_MEMORY, cachalot_torch_alloc, cachalot_torch_configure,
     cachalot_torch_empty_cache, cachalot_torch_free, cachalot_torch_last_error, cachalot_torch_record_stream,

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 
 use cachalot_core::{
-    Allocation, AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, SimBackend, StreamId,
+    Allocation, AllocatorConfig, BackendError, CachingAllocator, DeviceFacts, Pages, Segments, SimBackend,
+    StreamEvents, StreamId,
 };
 use cachalot_shaders::cpu as reference;
 use cachalot_shaders::ops::{
@@ -220,9 +221,7 @@ fn unknown(address: u64) -> RuntimeError {
     RuntimeError::Shape(format!("address {address:#x} is in no simulated segment"))
 }
 
-impl Backend for HostSim {
-    type Event = <SimBackend as Backend>::Event;
-
+impl Segments for HostSim {
     fn device(&self) -> &DeviceFacts {
         &self.facts
     }
@@ -254,6 +253,12 @@ impl Backend for HostSim {
         self.sim.memory_info()
     }
 
+    fn now_us(&mut self) -> i64 {
+        web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+    }
+}
+
+impl Pages for HostSim {
     fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
         self.sim.reserve_address_space(size, page_size, stream)
     }
@@ -276,6 +281,11 @@ impl Backend for HostSim {
     fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
         self.sim.release_address_space(base, size)
     }
+}
+
+/// The simulator's streams: events on them complete at once unless a stream is held.
+impl StreamEvents for HostSim {
+    type Event = <SimBackend as StreamEvents>::Event;
 
     fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
         self.sim.record_event(stream)
@@ -291,10 +301,6 @@ impl Backend for HostSim {
 
     fn release_event(&mut self, event: Self::Event) {
         self.sim.release_event(event)
-    }
-
-    fn now_us(&mut self) -> i64 {
-        web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
     }
 }
 

@@ -44,7 +44,7 @@ use cachalot_trace::replay::{ReplayCall, ReplayOom, ReplayOptions, replay};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_wgpu::WgpuContext;
 
-use self::stand_in::StandInStreams;
+use self::stand_in::{StandInBackend, stand_in_backend};
 use crate::device::wgpu::WgpuDevice;
 use crate::error::RuntimeError;
 use crate::select::describe_wgpu;
@@ -127,7 +127,7 @@ pub type CallOutcome = (Vec<ReplayOom>, Vec<LimitHit>, usize);
 /// request that fails is an OOM of the result (with the limit named where the backend named
 /// one), and the free of what it would have made is skipped; any other error stops the replay.
 pub fn make_calls<B: Backend>(
-    allocator: &mut CachingAllocator<StandInStreams<B>>,
+    allocator: &mut CachingAllocator<StandInBackend<B>>,
     calls: &[ReplayCall],
     stream_of: impl Fn(StreamId) -> StreamId,
 ) -> Result<CallOutcome, RuntimeError> {
@@ -157,12 +157,12 @@ pub fn make_calls<B: Backend>(
                 };
                 if deferred {
                     let stand_in = stand_in_stream(index);
-                    allocator.backend_mut().hold(stand_in);
+                    allocator.backend_mut().layer_mut().hold(stand_in);
                     allocator.record_stream(&allocation, stand_in)?;
                 }
                 allocator.free(allocation)?;
             }
-            ReplayCall::FreeCompleted { free, .. } => allocator.backend_mut().finish(stand_in_stream(free)),
+            ReplayCall::FreeCompleted { free, .. } => allocator.backend_mut().layer_mut().finish(stand_in_stream(free)),
             ReplayCall::EmptyCache { .. } => allocator.empty_cache()?,
             ReplayCall::Pool { call, .. } => call.perform(allocator, &stream_of)?,
         }
@@ -195,7 +195,7 @@ pub fn replay_on_wgpu(
     let device = describe_wgpu(&context, options.device_total);
     let recorded = ReplayOptions { record_calls: true, ..options.clone() };
     let sim = replay(snapshot, &recorded, |_, _| {}).map_err(|e| RuntimeError::Parameters(e.to_string()))?;
-    let backend = StandInStreams::new(cachalot_wgpu::WgpuBackend::new(Arc::clone(&context)));
+    let backend = stand_in_backend(cachalot_wgpu::WgpuBackend::new(Arc::clone(&context)));
     let mut allocator = CachingAllocator::new(backend, options.config.clone())?;
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
@@ -221,13 +221,13 @@ pub fn replay_on_cuda(
         .map_err(|e| RuntimeError::Unavailable { backend: "cuda", reason: e.to_string() })?;
     let recorded = ReplayOptions { record_calls: true, ..options.clone() };
     let sim = replay(snapshot, &recorded, |_, _| {}).map_err(|e| RuntimeError::Parameters(e.to_string()))?;
-    let backend = StandInStreams::new(cachalot_cuda::CudaBackend::new(ordinal)?);
+    let backend = stand_in_backend(cachalot_cuda::CudaBackend::new(ordinal)?);
     let mut allocator = CachingAllocator::new(backend, options.config.clone())?;
     if let Some(fraction) = options.memory_fraction {
         allocator.set_memory_fraction(fraction)?;
     }
     allocator.record_history(true, usize::MAX, &[], false);
-    let cuda = Arc::clone(allocator.backend().device().cuda());
+    let cuda = Arc::clone(allocator.backend().inner().cuda());
     let mut streams: HashMap<StreamId, StreamId> = HashMap::from([(StreamId::DEFAULT, StreamId::DEFAULT)]);
     for call in &sim.calls {
         if let ReplayCall::Malloc { stream, .. } = call
@@ -286,8 +286,8 @@ mod tests {
     }
 
     /// A simulator with addresses of its own (none planned from the recording), as a device has.
-    fn plain_simulator(options: &ReplayOptions) -> CachingAllocator<StandInStreams<SimBackend>> {
-        let backend = StandInStreams::new(SimBackend::new(options.device_total));
+    fn plain_simulator(options: &ReplayOptions) -> CachingAllocator<StandInBackend<SimBackend>> {
+        let backend = stand_in_backend(SimBackend::new(options.device_total));
         let mut allocator = CachingAllocator::new(backend, options.config.clone()).unwrap();
         if let Some(fraction) = options.memory_fraction {
             allocator.set_memory_fraction(fraction).unwrap();

@@ -8,11 +8,22 @@
 //! event recorded there stays pending until the replay says the recorded work ended
 //! ([`StandInStreams::finish`]), or until the allocator waits for it (a synchronization, as
 //! `empty_cache` does, ended the recorded work too). Every other event is the device's own.
-//! This is the simulator's held stream (`SimBackend::hold_stream`) on top of any backend.
+//! This is the simulator's held stream (`SimBackend::hold_stream`) on top of any backend: an
+//! event layer ([`cachalot_core::EventLayer`]) over the device's events, which keeps the
+//! device's segments and pages as they are.
 
 use std::collections::HashMap;
 
-use cachalot_core::{Backend, BackendError, DeviceFacts, StreamId};
+use cachalot_core::{BackendError, EventLayer, StreamEvents, StreamId, WithEvents};
+
+/// A backend whose stand-in streams' events complete when the replay says: the device's
+/// segments and pages, with [`StandInStreams`] over its events.
+pub type StandInBackend<B> = WithEvents<B, StandInStreams>;
+
+/// Makes `device` a [`StandInBackend`], with no stand-in streams yet.
+pub fn stand_in_backend<B>(device: B) -> StandInBackend<B> {
+    WithEvents::new(device, StandInStreams::default())
+}
 
 /// The progress of one stand-in stream: events up to `completed` are complete.
 #[derive(Clone, Copy, Debug, Default)]
@@ -21,10 +32,11 @@ struct Progress {
     completed: u64,
 }
 
-/// A backend whose stand-in streams' events complete when the replay says (module docs).
-#[derive(Debug)]
-pub struct StandInStreams<B> {
-    device: B,
+/// The stand-in streams of a replay: an [`EventLayer`] that keeps the events of a stand-in
+/// stream pending until the replay says its work ended (module docs), and leaves every other
+/// stream's events to the device.
+#[derive(Debug, Default)]
+pub struct StandInStreams {
     stand_ins: HashMap<StreamId, Progress>,
 }
 
@@ -42,17 +54,7 @@ pub enum StandInEvent<E> {
     },
 }
 
-impl<B: Backend> StandInStreams<B> {
-    /// `device` with no stand-in streams yet.
-    pub fn new(device: B) -> Self {
-        Self { device, stand_ins: HashMap::new() }
-    }
-
-    /// The device backend.
-    pub fn device(&self) -> &B {
-        &self.device
-    }
-
+impl StandInStreams {
     /// Makes `stream` a stand-in stream: events recorded on it from now on stay pending until
     /// [`StandInStreams::finish`]. It must not be one of the device's streams.
     pub fn hold(&mut self, stream: StreamId) {
@@ -72,63 +74,31 @@ impl<B: Backend> StandInStreams<B> {
     }
 }
 
-impl<B: Backend> Backend for StandInStreams<B> {
+impl<B: StreamEvents> EventLayer<B> for StandInStreams {
     type Event = StandInEvent<B::Event>;
 
-    fn device(&self) -> &DeviceFacts {
-        self.device.device()
-    }
-
-    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
-        self.device.allocate_segment(size, stream)
-    }
-
-    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.device.free_segment(address, size)
-    }
-
-    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
-        self.device.memory_info()
-    }
-
-    fn reserve_address_space(&mut self, size: u64, page_size: u64, stream: StreamId) -> Result<u64, BackendError> {
-        self.device.reserve_address_space(size, page_size, stream)
-    }
-
-    fn map_pages(&mut self, base: u64, offset: u64, size: u64) -> Result<(), BackendError> {
-        self.device.map_pages(base, offset, size)
-    }
-
-    fn unmap_pages(&mut self, base: u64, offset: u64, size: u64, stream: StreamId) -> Result<(), BackendError> {
-        self.device.unmap_pages(base, offset, size, stream)
-    }
-
-    fn release_address_space(&mut self, base: u64, size: u64) -> Result<(), BackendError> {
-        self.device.release_address_space(base, size)
-    }
-
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, BackendError> {
+    fn record_event(&mut self, device: &mut B, stream: StreamId) -> Result<Self::Event, BackendError> {
         match self.stand_ins.get_mut(&stream) {
             Some(progress) => {
                 progress.recorded += 1;
                 Ok(StandInEvent::StandIn { stream, sequence: progress.recorded })
             }
-            None => self.device.record_event(stream).map(StandInEvent::Device),
+            None => device.record_event(stream).map(StandInEvent::Device),
         }
     }
 
-    fn query_event(&mut self, event: &Self::Event) -> Result<bool, BackendError> {
+    fn query_event(&mut self, device: &mut B, event: &Self::Event) -> Result<bool, BackendError> {
         match event {
-            StandInEvent::Device(event) => self.device.query_event(event),
+            StandInEvent::Device(event) => device.query_event(event),
             StandInEvent::StandIn { stream, sequence } => {
                 Ok(self.stand_ins.get(stream).is_none_or(|p| *sequence <= p.completed))
             }
         }
     }
 
-    fn synchronize_event(&mut self, event: &Self::Event) -> Result<(), BackendError> {
+    fn synchronize_event(&mut self, device: &mut B, event: &Self::Event) -> Result<(), BackendError> {
         match event {
-            StandInEvent::Device(event) => self.device.synchronize_event(event),
+            StandInEvent::Device(event) => device.synchronize_event(event),
             // Waiting for the recorded work is the end of it.
             StandInEvent::StandIn { stream, sequence } => {
                 if let Some(progress) = self.stand_ins.get_mut(stream) {
@@ -139,18 +109,10 @@ impl<B: Backend> Backend for StandInStreams<B> {
         }
     }
 
-    fn release_event(&mut self, event: Self::Event) {
+    fn release_event(&mut self, device: &mut B, event: Self::Event) {
         if let StandInEvent::Device(event) = event {
-            self.device.release_event(event);
+            device.release_event(event);
         }
-    }
-
-    fn now_us(&mut self) -> i64 {
-        self.device.now_us()
-    }
-
-    fn process_memory_text(&mut self) -> String {
-        self.device.process_memory_text()
     }
 }
 
@@ -167,17 +129,17 @@ mod tests {
     /// that stream; then the next malloc takes it back.
     #[test]
     fn a_deferred_free_completes_when_the_stand_in_stream_finishes() {
-        let backend = StandInStreams::new(SimBackend::new(1 << 30));
+        let backend = stand_in_backend(SimBackend::new(1 << 30));
         let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
         let a = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
         let address = a.address();
-        allocator.backend_mut().hold(STAND_IN);
+        allocator.backend_mut().layer_mut().hold(STAND_IN);
         allocator.record_stream(&a, STAND_IN).unwrap();
         allocator.free(a).unwrap();
-        assert!(allocator.backend().is_pending(STAND_IN));
+        assert!(allocator.backend().layer().is_pending(STAND_IN));
         let b = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
         assert_ne!(b.address(), address, "the block was reused before the other stream's work ended");
-        allocator.backend_mut().finish(STAND_IN);
+        allocator.backend_mut().layer_mut().finish(STAND_IN);
         let c = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
         assert_eq!(c.address(), address);
         allocator.free(b).unwrap();
@@ -188,14 +150,14 @@ mod tests {
     /// the segment is released, with no call to `finish`.
     #[test]
     fn a_synchronization_ends_the_stand_in_work() {
-        let backend = StandInStreams::new(SimBackend::new(1 << 30));
+        let backend = stand_in_backend(SimBackend::new(1 << 30));
         let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
         let a = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
-        allocator.backend_mut().hold(STAND_IN);
+        allocator.backend_mut().layer_mut().hold(STAND_IN);
         allocator.record_stream(&a, STAND_IN).unwrap();
         allocator.free(a).unwrap();
         allocator.empty_cache().unwrap();
         assert_eq!(allocator.memory_reserved(), 0);
-        assert!(!allocator.backend().is_pending(STAND_IN));
+        assert!(!allocator.backend().layer().is_pending(STAND_IN));
     }
 }

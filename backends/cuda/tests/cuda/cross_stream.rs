@@ -1,41 +1,35 @@
 //! Cross-stream safety: a block freed while a long kernel on another stream still writes it
 //! (`record_stream`) is not handed out again until that kernel has finished. The same scenario
 //! on a backend that ignores events shows the test catches the bug: there the block comes
-//! back at once and its new contents are overwritten.
+//! back at once and its new contents are overwritten. The same holds on streams the allocator's
+//! device did not make (PyTorch's, taken as raw handles), and pages used on such a stream are
+//! unmapped after it.
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cachalot_core::{AllocatorConfig, Backend, BackendError, CachingAllocator, DeviceFacts, StreamId};
+use cachalot_core::{
+    AllocatorConfig, Backend, BackendError, CachingAllocator, EventLayer, Segments, StreamEvents, StreamId,
+    TraceAction, WithEvents,
+};
 use cachalot_cuda::cudarc::driver::CudaEvent;
 use cachalot_cuda::{CudaBackend, CudaDevice, CudaKernels, DeviceSpan};
 
 use crate::common;
 
-/// The CUDA backend with its event logic removed: every event reads as complete at once.
-struct IgnoreEvents(CudaBackend);
+/// The CUDA backend's events with their logic removed: every event reads as complete at once.
+struct IgnoreEvents;
 
-impl Backend for IgnoreEvents {
+impl EventLayer<CudaBackend> for IgnoreEvents {
     type Event = CudaEvent;
-    fn device(&self) -> &DeviceFacts {
-        self.0.device()
+    fn record_event(&mut self, device: &mut CudaBackend, stream: StreamId) -> Result<CudaEvent, BackendError> {
+        device.record_event(stream)
     }
-    fn allocate_segment(&mut self, size: u64, stream: StreamId) -> Result<u64, BackendError> {
-        self.0.allocate_segment(size, stream)
-    }
-    fn free_segment(&mut self, address: u64, size: u64) -> Result<(), BackendError> {
-        self.0.free_segment(address, size)
-    }
-    fn memory_info(&mut self) -> Result<(u64, u64), BackendError> {
-        self.0.memory_info()
-    }
-    fn record_event(&mut self, stream: StreamId) -> Result<CudaEvent, BackendError> {
-        self.0.record_event(stream)
-    }
-    fn query_event(&mut self, _event: &CudaEvent) -> Result<bool, BackendError> {
+    fn query_event(&mut self, _device: &mut CudaBackend, _event: &CudaEvent) -> Result<bool, BackendError> {
         Ok(true)
     }
-    fn synchronize_event(&mut self, _event: &CudaEvent) -> Result<(), BackendError> {
+    fn synchronize_event(&mut self, _device: &mut CudaBackend, _event: &CudaEvent) -> Result<(), BackendError> {
         Ok(())
     }
 }
@@ -123,6 +117,19 @@ fn scenario<B: Backend>(
     Outcome { freed, while_running, still_running, corrupted, after }
 }
 
+/// The checks of a scenario on a backend whose events work.
+fn assert_kept_until_the_kernel_ended(outcome: &Outcome) {
+    assert!(outcome.still_running, "the kernel on B ended too early for the test to mean anything");
+    assert!(
+        outcome.while_running.iter().all(|&addr| addr != outcome.freed),
+        "the block was handed out again while B's kernel still wrote it: {:#x} in {:x?}",
+        outcome.freed,
+        outcome.while_running
+    );
+    assert_eq!(outcome.corrupted, 0, "a block allocated while B's kernel ran was overwritten");
+    assert_eq!(outcome.after, outcome.freed, "once B's kernel ended, the block is reused");
+}
+
 #[test]
 fn a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends() {
     let Some(device) = common::device("a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends") else {
@@ -134,20 +141,12 @@ fn a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends() {
     let backend = CudaBackend::with_device(Arc::clone(&device)).unwrap();
     let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
     let good = scenario(&mut allocator, &device, &kernels, a, b);
-    assert!(good.still_running, "the kernel on B ended too early for the test to mean anything");
-    assert!(
-        good.while_running.iter().all(|&addr| addr != good.freed),
-        "the block was handed out again while B's kernel still wrote it: {:#x} in {:x?}",
-        good.freed,
-        good.while_running
-    );
-    assert_eq!(good.corrupted, 0, "a block allocated while B's kernel ran was overwritten");
-    assert_eq!(good.after, good.freed, "once B's kernel ended, the block is reused");
+    assert_kept_until_the_kernel_ended(&good);
     let stats = allocator.stats();
     assert_eq!(stats.num_sync_all_streams, 1, "only the final empty_cache synchronized");
 
     // The same with the event logic removed: the checks above would fail.
-    let backend = IgnoreEvents(CudaBackend::with_device(Arc::clone(&device)).unwrap());
+    let backend = WithEvents::new(CudaBackend::with_device(Arc::clone(&device)).unwrap(), IgnoreEvents);
     let mut broken = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
     let bad = scenario(&mut broken, &device, &kernels, a, b);
     assert!(bad.still_running, "the kernel on B ended too early for the control to mean anything");
@@ -160,6 +159,56 @@ fn a_block_in_use_on_another_stream_is_not_reused_until_its_kernel_ends() {
         good.while_running.len(),
         bad.corrupted
     );
+}
+
+/// The allocator's device takes streams it did not make (PyTorch's case): the kernel's stream
+/// belongs to another owner, and the allocator's events on it keep the block as on its own.
+#[test]
+fn a_block_in_use_on_a_foreign_stream_is_not_reused_until_its_kernel_ends() {
+    let Some(owner) = common::device("a_block_in_use_on_a_foreign_stream_is_not_reused_until_its_kernel_ends") else {
+        return;
+    };
+    let kernels = CudaKernels::new(&owner).expect("kernels");
+    let (a, b) = (owner.new_stream().unwrap(), owner.new_stream().unwrap());
+    // SAFETY: `a` and `b` are live streams of device 0's primary context, held by `owner` until
+    // the end of the test.
+    let device = unsafe { CudaDevice::open_with_foreign_streams(0) }.unwrap();
+    assert!(device.takes_foreign_streams() && !device.has_stream(a) && !device.has_stream(b));
+    let mut plain = CudaBackend::with_device(CudaDevice::open(0).unwrap()).unwrap();
+    assert!(plain.record_event(b).is_err(), "a device that takes no foreign streams refuses one");
+
+    let backend = CudaBackend::with_device(device).unwrap();
+    let mut allocator = CachingAllocator::new(backend, AllocatorConfig::default()).unwrap();
+    assert_kept_until_the_kernel_ended(&scenario(&mut allocator, &owner, &kernels, a, b));
+}
+
+/// Pages used on a foreign stream are unmapped after it: `empty_cache` synchronizes that
+/// stream (through the borrowed handle) and gives every page back; a foreign stream also
+/// answers whether it is capturing a CUDA graph.
+#[test]
+fn pages_used_on_a_foreign_stream_are_unmapped_after_it() {
+    let Some(owner) = common::device("pages_used_on_a_foreign_stream_are_unmapped_after_it") else { return };
+    let kernels = CudaKernels::new(&owner).expect("kernels");
+    let stream = owner.new_stream().unwrap();
+    // SAFETY: `stream` is a live stream of device 0's primary context, held by `owner` until
+    // the end of the test.
+    let device = unsafe { CudaDevice::open_with_foreign_streams(0) }.unwrap();
+    assert!(!device.is_capturing(stream).unwrap());
+    assert!(owner.is_capturing(StreamId(0xdead_beef)).is_err(), "a stream the owner never made");
+    let backend = CudaBackend::with_device(device).unwrap();
+    if !backend.device().supports_expandable_segments {
+        let _ = writeln!(std::io::stderr(), "skipped pages_used_on_a_foreign_stream_are_unmapped_after_it: no VMM");
+        return;
+    }
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let mut allocator = CachingAllocator::new(backend, config).unwrap();
+    allocator.record_history(true, usize::MAX, &[], false);
+    let x = allocator.malloc(SIZE, stream).unwrap();
+    kernels.spin_fill_pattern(stream, DeviceSpan::block(&x), WORDS, 5, Duration::from_millis(100), 2).unwrap();
+    allocator.free(x).unwrap();
+    allocator.empty_cache().unwrap();
+    assert_eq!((allocator.memory_reserved(), allocator.backend().mapped_bytes()), (0, 0));
+    assert!(allocator.trace().iter().any(|e| e.action == TraceAction::SegmentUnmap && e.stream == stream));
 }
 
 #[test]

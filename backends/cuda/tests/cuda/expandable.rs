@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use cachalot_core::{
-    Allocation, AllocatorConfig, AllocatorError, Backend, CachingAllocator, SimBackend, StreamId, TraceAction,
-    TraceEntry,
+    Allocation, AllocatorConfig, AllocatorError, Backend, CachingAllocator, Segments, SimBackend, StreamEvents,
+    StreamId, TraceAction, TraceEntry,
 };
 use cachalot_cuda::{CudaBackend, CudaKernels, DeviceSpan};
 use cachalot_shaders::cpu::Rng;
