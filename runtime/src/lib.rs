@@ -32,6 +32,8 @@
 //! # Ok::<(), cachalot_runtime::RuntimeError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 pub mod comparison;

@@ -16,6 +16,8 @@
 //! and [`ops`] defines each op once: its arguments and the checks every backend makes.
 //! This crate depends on no GPU crate, so every backend can use it.
 
+#![forbid(unsafe_code)]
+
 pub mod cpu;
 pub mod cuda;
 pub mod ops;

@@ -28,6 +28,10 @@
 //! command line (crate `cachalot-cli`) shows this viewer with `cachalot view` and serves its web
 //! build with `cachalot serve`.
 
+// No unsafe code outside the two platform calls of the desktop app (`native`). The web build is
+// left out: its entry points are wasm-bindgen glue.
+#![cfg_attr(not(target_arch = "wasm32"), deny(unsafe_code, clippy::undocumented_unsafe_blocks))]
+
 pub mod app;
 mod dialogs;
 pub mod events;
@@ -50,6 +54,10 @@ pub mod timeline;
 pub mod tune;
 
 #[cfg(not(target_arch = "wasm32"))]
+#[allow(
+    unsafe_code,
+    reason = "the OpenGL renderer's name and the thread CPU clock are FFI calls, each with its SAFETY line"
+)]
 pub mod native;
 #[cfg(target_arch = "wasm32")]
 pub mod web;

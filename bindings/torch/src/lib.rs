@@ -31,6 +31,8 @@
 //! # Ok::<(), String>(())
 //! ```
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 pub mod abi;
 pub mod backend;
 #[cfg(feature = "python")]
