@@ -10,7 +10,7 @@
 //!
 //! A backend that takes its events from somewhere else keeps the device's segments and pages and
 //! swaps only the events: [`WithEvents`] puts an [`EventLayer`] over a backend (the replay's
-//! stand-in streams, a test's events that lie) without forwarding anything by hand. All policy
+//! stand-in streams, a test's events that lie) without another backend written by hand. All policy
 //! stays in the allocator.
 
 use std::fmt;
