@@ -192,6 +192,25 @@ class CachalotAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPlugga
     return same == 1;
   }
 
+  // A copy between devices. CUDAPluggableAllocator copies with cudaMemcpyAsync, which fails with
+  // "invalid argument" for memory mapped through the virtual-memory API (cuMemMap: expandable
+  // segments, policy:cachalot's pages) unless that memory was made accessible to the peer. As
+  // PyTorch's own allocator does, such copies go through cudaMemcpyPeerAsync, which takes memory
+  // of either kind.
+  cudaError_t memcpyAsync(
+      void* dst,
+      int dstDevice,
+      const void* src,
+      int srcDevice,
+      size_t count,
+      cudaStream_t stream,
+      bool /*p2p_enabled*/) override {
+    if (srcDevice == dstDevice) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
   // CUDA-graph trees (torch.compile's mode="reduce-overhead") take a checkpoint of a graph's pool
   // after recording it, and restore it only to record a graph off the current path (a new shape
   // or branch). Taking one is served; restoring one is refused with this reason.
