@@ -78,6 +78,8 @@ def main():
             marks_repeat = f"{same}/{len(n['marks'])}"
         keys = sorted(set(n["memory_stats"]) | set(c["memory_stats"]))
         stat_diffs = [k for k in keys if n["memory_stats"].get(k) != c["memory_stats"].get(k)]
+        # Keys where PyTorch's own second run differs from its first: its difference, not ours.
+        own_stats = [k for k in stat_diffs if n2 is not None and n2["memory_stats"].get(k) != n["memory_stats"].get(k)]
         losses_equal = n_losses == c_losses
         repeatable = ""
         if native2_dir and os.path.exists(f"{native2_dir}/{tag}.expected.json"):
@@ -89,7 +91,8 @@ def main():
             f"equal but {len(own_diffs)} where PyTorch differs from itself"
         rows.append((tag, f"{len(n['marks'])} marks " + marks_text, marks_repeat,
                      f"{peak_n} / {peak_c}" + (" (PyTorch's own differ)" if peak_own and peak_n != peak_c else ""),
-                     f"{len(keys) - len(stat_diffs)}/{len(keys)} equal",
+                     f"{len(keys) - len(stat_diffs)}/{len(keys)} equal"
+                     + (f" ({len(own_stats)} of the others PyTorch's own)" if own_stats else ""),
                      f"{len(n_losses or [])} " + ("bit-identical" if losses_equal else "DIFFER"), repeatable))
         for d in mark_diffs[:10]:
             print(f"  {tag}: {d}", file=sys.stderr)

@@ -12,7 +12,8 @@ which enables cachalot first in its `cachalot` mode.
 
 Jobs: amp_gpt (fp16 autocast, GradScaler, fused AdamW), checkpointing (activation
 checkpointing), graph_step (a whole training step captured in a CUDA graph, replayed on new
-data), compile_ro (torch.compile mode="reduce-overhead": CUDA-graph trees), cudnn_autotune
+data), compile_ro_train and compile_ro_infer (torch.compile mode="reduce-overhead": CUDA-graph
+trees), cudnn_autotune
 (cudnn.benchmark = True), mempool (MemPool + use_mem_pool: nested, several, tensors outliving
 their pool), ragged_server (inference, batch 1-16, length 7-900), moe (top-2 expert dispatch),
 fsdp2_world1 (fully_shard over NCCL, one rank: a machine of one GPU).
@@ -72,7 +73,8 @@ def amp_gpt(steps=6, L=192, B=12, vocab=4000):
 def checkpointing(steps=6, L=256, B=8, d=256, layers=4):
     from torch.utils.checkpoint import checkpoint
     blocks = torch.nn.ModuleList(
-        torch.nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True, norm_first=True) for _ in range(layers)).cuda()
+        torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        for _ in range(layers)).cuda()
     head = torch.nn.Linear(d, 1).cuda()
     opt = torch.optim.Adam([*blocks.parameters(), *head.parameters()], lr=1e-4)
     for s in range(steps):
@@ -104,7 +106,9 @@ def graph_step(steps=6, B=256, d=1024):
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
         static_loss = torch.nn.functional.mse_loss(model(static_x), static_y)
-        static_loss.backward()
+        # Not static_loss.backward(): torch-proof.py's loss recorder reads the loss on the host,
+        # which a capture forbids.
+        torch.autograd.backward(static_loss)
         opt.step()
     mark("captured")
     for s in range(steps):
@@ -117,9 +121,13 @@ def graph_step(steps=6, B=256, d=1024):
     mark("graph_deleted")
 
 
-def compile_ro(steps=8, B=64, d=512):
+def compiled_mlp(d):
     model = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.ReLU(), torch.nn.Linear(2 * d, d)).cuda()
-    compiled = torch.compile(model, mode="reduce-overhead")
+    return model, torch.compile(model, mode="reduce-overhead")
+
+
+def compile_ro_train(steps=8, B=64, d=512):
+    model, compiled = compiled_mlp(d)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for s in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
@@ -129,6 +137,10 @@ def compile_ro(steps=8, B=64, d=512):
         loss.backward()
         opt.step()
         mark(f"train{s}")
+
+
+def compile_ro_infer(steps=8, B=64, d=512):
+    _, compiled = compiled_mlp(d)
     with torch.no_grad():
         for s in range(steps):
             torch.compiler.cudagraph_mark_step_begin()
@@ -156,13 +168,63 @@ def cudnn_autotune(steps=6):
         mark(f"step{s}")
 
 
+calls = []  # private-pool calls, which a trace does not show (trace/src/pool_calls.rs)
+
+
+def trace_len():
+    return len(torch.cuda.memory._snapshot()["device_traces"][0])
+
+
+def record(at, call, pool=None):
+    entry = {"call": call, "trace_len": at}
+    if pool is not None:
+        entry["pool"] = list(pool)
+    calls.append(entry)
+
+
+class Pool:
+    """A MemPool whose creation, scopes and deletion are listed in `calls`, as
+    scripts/conformance/capture_pools.py lists them, so the replay can make them."""
+
+    def __init__(self):
+        at = trace_len()
+        self.pool = torch.cuda.MemPool()
+        self.id = tuple(self.pool.id)
+        record(at, "create_pool", self.id)
+
+    def __enter__(self):
+        at = trace_len()
+        self.scope = torch.cuda.use_mem_pool(self.pool)
+        self.scope.__enter__()
+        record(at, "begin_allocate_to_pool", self.id)
+
+    def __exit__(self, *exc):
+        at = trace_len()
+        self.scope.__exit__(*exc)
+        record(at, "end_allocate_to_pool", self.id)
+        record(at, "release_pool", self.id)
+
+    def delete(self):
+        at = trace_len()
+        del self.pool
+        import gc
+        gc.collect()
+        record(at, "release_pool", self.id)
+        record(at, "empty_cache", self.id)
+
+
+def empty_cache():
+    at = trace_len()
+    torch.cuda.empty_cache()
+    record(at, "empty_cache")
+
+
 def mempool():
-    outer = torch.cuda.MemPool()
-    inner = torch.cuda.MemPool()
+    outer, inner = Pool(), Pool()
     keep = []
-    with torch.cuda.use_mem_pool(outer):
+    with outer:
         a = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
-        with torch.cuda.use_mem_pool(inner):
+        with inner:
             b = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
             small = torch.empty(1000, device="cuda")
         c = torch.empty(700, dtype=torch.uint8, device="cuda")
@@ -172,19 +234,21 @@ def mempool():
     keep.append(b)  # outlives its pool
     del a, c, small
     mark("freed_outer")
-    del inner
-    torch.cuda.empty_cache()
+    inner.delete()
+    empty_cache()
     mark("inner_pool_deleted")
-    again = torch.cuda.MemPool()
+    again = Pool()
     for s in range(3):
-        with torch.cuda.use_mem_pool(again):
+        with again:
             xs = [torch.empty(rnd.choice((512, 4096, 1 << 20, 3 << 20)), dtype=torch.uint8, device="cuda")
                   for _ in range(8)]
         del xs
         mark(f"again{s}")
-    del outer, again, d
+    outer.delete()
+    again.delete()
+    del d
     keep.clear()
-    torch.cuda.empty_cache()
+    empty_cache()
     mark("end")
 
 
@@ -241,7 +305,8 @@ def fsdp2_world1(steps=4, d=512):
     dist.destroy_process_group()
 
 
-JOBS = {f.__name__: f for f in (amp_gpt, checkpointing, graph_step, compile_ro, cudnn_autotune, mempool,
+JOBS = {f.__name__: f for f in (amp_gpt, checkpointing, graph_step, compile_ro_train, compile_ro_infer,
+                                cudnn_autotune, mempool,
                                 ragged_server, moe, fsdp2_world1)}
 started = time.time()
 JOBS[name.split("@")[0]]()
@@ -255,7 +320,9 @@ with open(f"{outdir}/{tag}.pickle", "wb") as f:
 with open(f"{outdir}/{tag}.expected.json", "w") as f:
     json.dump({"workload": name, "seed": seed, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
                "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "memory_fraction": None,
-               "marks": marks, "memory_stats": stats, "memory_summary": torch.cuda.memory_summary()}, f, indent=1)
+               "device_total_bytes": torch.cuda.get_device_properties(0).total_memory,
+               "marks": marks, "memory_stats": stats, "memory_summary": torch.cuda.memory_summary(),
+               **({"calls": calls} if calls else {})}, f, indent=1)
 events = sum(len(x) for x in snap["device_traces"])
 print(f"{tag}: {events} events peak_alloc={stats.get('allocated_bytes.all.peak')} "
       f"peak_res={stats.get('reserved_bytes.all.peak')} {time.time() - started:.1f}s")
