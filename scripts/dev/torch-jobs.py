@@ -104,20 +104,37 @@ def graph_step(steps=6, B=256, d=1024):
     mark("warm")
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
+    # torch.cuda.graph(graph)'s entry and exit spelled out, so that the routing's start and end
+    # are listed for the replay (capture_begin allocates the RNG's graph-state tensors before it
+    # routes to the pool, so the routing begins after it).
+    torch.cuda.synchronize()
+    empty_cache()
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        graph.capture_begin()
+        begun = trace_len()  # a snapshot during the capture: host-side only
         static_loss = torch.nn.functional.mse_loss(model(static_x), static_y)
         # Not static_loss.backward(): torch-proof.py's loss recorder reads the loss on the host,
         # which a capture forbids.
         torch.autograd.backward(static_loss)
         opt.step()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(capture)
+    pool = tuple(graph.pool())
+    record(begun, "begin_allocate_to_pool", pool, stream=capture.cuda_stream)
+    record(trace_len(), "end_allocate_to_pool", pool)
     mark("captured")
     for s in range(steps):
         static_x.copy_(torch.randn(B, d, device="cuda"))
         static_y.copy_(torch.randn(B, d, device="cuda"))
         graph.replay()
         mark(f"replay{s}")
+    at = trace_len()
+    graph.reset()
+    record(at, "release_pool", pool)
     del graph, static_loss
-    torch.cuda.empty_cache()
+    empty_cache()
     mark("graph_deleted")
 
 
@@ -175,10 +192,11 @@ def trace_len():
     return len(torch.cuda.memory._snapshot()["device_traces"][0])
 
 
-def record(at, call, pool=None):
+def record(at, call, pool=None, **extra):
     entry = {"call": call, "trace_len": at}
     if pool is not None:
         entry["pool"] = list(pool)
+    entry.update(extra)
     calls.append(entry)
 
 
