@@ -39,6 +39,11 @@ pub enum PoolFilter {
     AllStreams,
     /// Requests on one stream (a CUDA graph capture on that stream).
     Stream(StreamId),
+    /// The requests its caller says the pool accepts, naming the pool before each request with
+    /// `CachingAllocator::set_caller_route`: for filters only the caller can evaluate, such as
+    /// PyTorch's own through the plug-in (the thread inside `use_mem_pool`, the streams of one
+    /// graph capture, side streams joined to it included).
+    Caller,
 }
 
 impl PoolFilter {
@@ -46,6 +51,7 @@ impl PoolFilter {
         match self {
             PoolFilter::AllStreams => true,
             PoolFilter::Stream(s) => s == stream,
+            PoolFilter::Caller => false,
         }
     }
 }

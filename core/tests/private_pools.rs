@@ -341,3 +341,58 @@ proptest! {
         }
     }
 }
+
+/// A pool routed with [`PoolFilter::Caller`] serves exactly the requests its caller names it for
+/// (PyTorch's own filters, asked by the plug-in before each request), and another routed pool's
+/// filter is still asked where the caller names none.
+#[test]
+fn a_caller_filter_routes_the_requests_its_caller_names() {
+    let mut a = allocator("", 80 << 30);
+    let (graph, mem_pool) = (PoolId(1, 0), PoolId(0, 1));
+    a.begin_allocate_to_pool(mem_pool, PoolFilter::Stream(StreamId(7))).unwrap();
+    a.begin_allocate_to_pool(graph, PoolFilter::Caller).unwrap();
+    a.set_caller_route(Some(graph));
+    let captured = a.malloc(MIB, S0).unwrap();
+    a.set_caller_route(None);
+    let outside = a.malloc(MIB, S0).unwrap();
+    let on_seven = a.malloc(MIB, StreamId(7)).unwrap();
+    assert_eq!(pool_of(&a, captured.address()), graph);
+    assert_eq!(pool_of(&a, outside.address()), PoolId::DEFAULT);
+    assert_eq!(pool_of(&a, on_seven.address()), mem_pool);
+    assert_eq!(a.pool_live_allocations(graph), Some(vec![captured.address()]));
+    assert_eq!(a.pool_live_allocations(PoolId(5, 5)), None);
+    a.free(captured).unwrap();
+    assert_eq!(a.pool_live_allocations(graph), Some(vec![]));
+    a.check_consistency().unwrap();
+}
+
+/// A block used on another stream and freed while a pool is routed to (a graph capture) records
+/// its events only once no pool is routed to, as PyTorch defers them
+/// (`needs_events_deferred_until_no_capture`): meanwhile it is pending, not reusable, and no
+/// event exists to be queried.
+#[test]
+fn frees_during_a_capture_record_their_events_after_it() {
+    let mut a = allocator("", 80 << 30);
+    let side = StreamId(9);
+    let graph = PoolId(1, 0);
+    a.begin_allocate_to_pool(graph, PoolFilter::AllStreams).unwrap();
+    let x = a.malloc(MIB, S0).unwrap();
+    a.record_stream(&x, side).unwrap();
+    a.backend_mut().hold_stream(side);
+    a.free(x).unwrap();
+    let stats = a.stats();
+    assert_eq!(stats.allocated_bytes.all().current, 0);
+    assert_eq!(stats.active_bytes.all().current, MIB as i64, "pending, not yet free");
+    a.check_consistency().unwrap();
+    let y = a.malloc(MIB, S0).unwrap();
+    assert_ne!(y.address(), x.address(), "a deferred free is not reused inside the capture");
+    a.end_allocate_to_pool(graph).unwrap();
+    // The events are recorded now, on a stream still busy: the block still waits.
+    a.process_events().unwrap();
+    assert_eq!(a.stats().active_bytes.all().current, 2 * MIB as i64);
+    a.check_consistency().unwrap();
+    a.backend_mut().finish_stream(side);
+    a.process_events().unwrap();
+    assert_eq!(a.stats().active_bytes.all().current, MIB as i64, "its free completed");
+    a.check_consistency().unwrap();
+}

@@ -12,6 +12,6 @@ command -v maturin >/dev/null || { echo "torch-build.sh: maturin is needed (pip 
 mkdir -p "$carry"
 rm -f "$carry"/cachalot_torch-*.whl
 (cd "$root/bindings/torch" && maturin build --release --strip -o "$carry")
-cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py,graph-probe.py,stacks.py,ddp.py} "$carry/"
+cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py,graph-probe.py,stacks.py,ddp.py,jobs.py} "$carry/"
 cp "$shared/traces/capture.py" "$carry/"
 du -sh "$carry"

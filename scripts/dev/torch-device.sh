@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 17's proofs 1, 2 and 4 on the GPU machine, in one command: cachalot as PyTorch's CUDA
-# allocator (bindings/torch) against PyTorch's own.
+# cachalot as PyTorch's CUDA allocator (bindings/torch) against PyTorch's own, on the GPU machine,
+# in one command.
 #
 #   here:    scripts/dev/torch-build.sh            # the wheel, the scripts and capture.py into .dev-torch/
 #   device:  bash .dev-torch/torch-device.sh [PARTS]   # with carry [".dev-torch"]; results under $OUT
 #
-# PARTS (default "same features speed"): any of same, features, speed, graph, stacks, ddp,
+# PARTS (default "same features speed"): any of same, jobs, features, speed, graph, stacks, ddp,
 # determinism (the training workloads with PyTorch's deterministic algorithms, twice on PyTorch's
 # allocator, and multistream twice: whether PyTorch repeats itself where the first part found
 # differences).
@@ -16,6 +16,11 @@
 #    torch-compare.py checks every mark, the peak, memory_stats and the losses. cachalot's
 #    snapshots (with their expected.json) come back in $OUT/cachalot-runs.tar.gz for
 #    `cachalot replay --check`, and open here in torch.cuda._memory_viz.
+# jobs: the proof set of real jobs (torch-jobs.py: AMP, checkpointing, a step in a CUDA graph,
+#    torch.compile reduce-overhead, cuDNN autotuning, MemPool, a ragged server, MoE, FSDP2 on one
+#    rank), each on PyTorch's allocator, on cachalot, and on PyTorch's again (does PyTorch repeat
+#    itself?), compared mark by mark; PyTorch's own captures come back in $OUT/jobs-native.tar.gz
+#    for `cachalot replay --check` and `cachalot view`. JOBS picks some (default: all).
 # 2. Speed: per-step times of gpt_train and convnet_train and ns per torch.empty/del:
 #    torch-speed.py's three workers side by side (PyTorch's allocator, cachalot, PyTorch's again
 #    as the control), short blocks alternating within rounds, pinned to two cores.
@@ -68,6 +73,24 @@ for p in "$work"/cachalot/gpt_train.pickle "$work"/cachalot/multistream.pickle; 
     echo "_memory_viz opened $(basename "$p"): $(stat -c %s "$work/$(basename "$p").trace.html") B trace plot"
 done
 tar -C "$work" -czf "$out/cachalot-runs.tar.gz" cachalot native
+fi
+
+if has jobs; then
+echo "== the proof set: real jobs on both allocators"
+for job in ${JOBS:-amp_gpt checkpointing graph_step compile_ro_train compile_ro_infer cudnn_autotune mempool ragged_server moe fsdp2_world1}; do
+    # A compiled job's first run fills Inductor's caches: a run before the three, not compared.
+    runs="native cachalot native2"; [[ $job == compile* ]] && runs="warm $runs"
+    for run in $runs; do
+        mode=${run%2}; [[ $run == warm ]] && mode=native
+        CAPTURE_PY=$here/torch-jobs.py timeout 180 python3 "$here/torch-proof.py" "$mode" "$job" "$work/jobs-$run" 11 \
+            > "$work/job-$job-$run.log" 2>&1
+        echo "$job $run rc=$?: $(tail -1 "$work/job-$job-$run.log")"
+        grep -m3 "Error\|error:" "$work/job-$job-$run.log" | grep -v "^  " | head -3
+    done
+done
+python3 "$here/torch-compare.py" "$work/jobs-native" "$work/jobs-cachalot" "$work/jobs-native2" | tee "$out/jobs.md"
+echo "compare rc=$?"
+tar -C "$work" -czf "$out/jobs-native.tar.gz" jobs-native jobs-cachalot jobs-native2
 fi
 
 if has determinism; then

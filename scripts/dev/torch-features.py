@@ -11,7 +11,8 @@
 2. OOM: torch.OutOfMemoryError with PyTorch's message; on cachalot, snapshot_on_oom writes a
    snapshot that pickle loads.
 3. torch.cuda's memory functions equal cachalot_torch's (the patch), empty_cache releases.
-4. CUDA graph capture: on cachalot, a RuntimeError naming the unsupported private pool.
+4. CUDA graph capture: captured into the graph's private pool, and a replay on new input computes
+   the new result (cachalot-nohook too: the pool hooks do not depend on the record_stream hook).
 Prints the results so far as one JSON line after each.
 """
 import faulthandler
@@ -98,6 +99,10 @@ try:
     with torch.cuda.graph(graph):
         b = a * 2
     result["graph_capture"] = "captured"
+    a.fill_(3.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    result["graph_replay_on_new_input"] = "PASS" if bool((b == 6).all()) else "FAIL"
 except RuntimeError as e:
     result["graph_capture"] = "RuntimeError: " + str(e).splitlines()[0][:400]
 torch.cuda.synchronize()

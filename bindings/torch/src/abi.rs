@@ -26,9 +26,9 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use cachalot_core::{AllocatorConfig, StreamId};
+use cachalot_core::{AllocatorConfig, PoolId, StreamId};
 
-use crate::registry::{DeviceKind, Failure, Registry, Settings};
+use crate::registry::{CallerFilter, DeviceKind, Failure, Registry, Settings};
 
 /// `cachalot_torch_last_error`'s kind: no error since the last call.
 pub const ERROR_NONE: c_int = 0;
@@ -185,4 +185,158 @@ pub unsafe extern "C" fn cachalot_torch_configure(settings: *const c_char, simul
             1
         }
     }
+}
+
+/// Runs a pool hook: 0 on success, or 1 with the reason for [`cachalot_torch_last_error`]
+/// (the shim raises it as PyTorch's `RuntimeError`).
+fn status(what: &str, f: impl FnOnce() -> Result<(), Failure>) -> c_int {
+    match guarded(what, f) {
+        Ok(()) => 0,
+        Err(failure) => {
+            set_last_error(&failure);
+            1
+        }
+    }
+}
+
+/// `createOrIncrefPool(device, (id0, id1))`: a `MemPool` made. Returns 0, or 1 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_create_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    status("createOrIncrefPool", || registry().create_pool(ordinal(device)?, PoolId(id0, id1)))
+}
+
+/// A filter PyTorch gave `beginAllocateToPool`, held by the shim: `accepts(context, stream)`
+/// answers it (non-zero: the request is the pool's), `release(context)` frees it once the pool
+/// is no longer routed to.
+struct ForeignFilter {
+    accepts: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    release: extern "C" fn(*mut c_void),
+    context: *mut c_void,
+}
+
+// SAFETY: the shim's filter object may be called from any thread (PyTorch calls the allocator,
+// and so the filter, from every thread that allocates), and the registry calls it only under
+// the device's lock, one call at a time.
+unsafe impl Send for ForeignFilter {}
+
+impl ForeignFilter {
+    fn accepts(&self, stream: StreamId) -> bool {
+        (self.accepts)(self.context, stream.0 as *mut c_void) != 0
+    }
+}
+
+impl Drop for ForeignFilter {
+    fn drop(&mut self) {
+        (self.release)(self.context);
+    }
+}
+
+/// `beginAllocateToPool(device, (id0, id1), filter)`: a graph capture begins, or `use_mem_pool`
+/// is entered. The requests `accepts(context, stream)` accepts (non-zero) are served from the
+/// pool until [`cachalot_torch_end_allocate_to_pool`]; `release(context)` is called once the
+/// filter is no longer needed (also when this call fails). Returns 0, or 1 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_begin_allocate_to_pool(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    accepts: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    release: extern "C" fn(*mut c_void),
+    context: *mut c_void,
+) -> c_int {
+    let foreign = ForeignFilter { accepts, release, context };
+    let filter: CallerFilter = Box::new(move |stream: StreamId| foreign.accepts(stream));
+    status("beginAllocateToPool", || registry().begin_allocate_to_pool(ordinal(device)?, PoolId(id0, id1), filter))
+}
+
+/// `endAllocateToPool(device, (id0, id1))`: the capture ended or `use_mem_pool` was left.
+/// Returns 0, or 1 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_end_allocate_to_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    status("endAllocateToPool", || registry().end_allocate_to_pool(ordinal(device)?, PoolId(id0, id1)))
+}
+
+/// `releasePool(device, (id0, id1))`: one user of the pool fewer. Returns 0, or 1 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_release_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    status("releasePool", || registry().release_pool(ordinal(device)?, PoolId(id0, id1)))
+}
+
+/// `emptyCache((id0, id1))` on every device: `(0, 0)` is `torch.cuda.empty_cache()`, another id
+/// that private pool's, once released (a `MemPool`'s deletion). Returns 0, or 1 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_empty_pool_cache(id0: u64, id1: u64) -> c_int {
+    status("emptyCache", || registry().empty_pool_cache(PoolId(id0, id1)))
+}
+
+/// `getPoolUseCount(device, (id0, id1))`: the pool's users (0 for an unknown pool), or -1 with
+/// the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_pool_use_count(device: c_int, id0: u64, id1: u64) -> i64 {
+    match guarded("getPoolUseCount", || registry().pool_use_count(ordinal(device)?, PoolId(id0, id1))) {
+        Ok(count) => i64::from(count),
+        Err(failure) => {
+            set_last_error(&failure);
+            -1
+        }
+    }
+}
+
+/// `checkPoolLiveAllocations(device, (id0, id1), expected)`: 1 if the pool's allocated blocks
+/// are exactly the `count` pointers at `expected`, 0 if not, -1 with the reason.
+///
+/// # Safety
+/// `expected` points to `count` readable pointers (or `count` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachalot_torch_pool_live_allocations_are(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    expected: *const u64,
+    count: usize,
+) -> c_int {
+    let expected: &[u64] = match count {
+        0 => &[],
+        // SAFETY: the caller passes `count` readable pointers.
+        _ => unsafe { std::slice::from_raw_parts(expected, count) },
+    };
+    match guarded("checkPoolLiveAllocations", || {
+        registry().pool_live_allocations_are(ordinal(device)?, PoolId(id0, id1), expected)
+    }) {
+        Ok(same) => c_int::from(same),
+        Err(failure) => {
+            set_last_error(&failure);
+            -1
+        }
+    }
+}
+
+/// `cacheInfo(device, largest)`: `*largest` becomes the largest free block of any pool of the
+/// device, if larger; a 0 passed in starts from the device's free memory, as PyTorch's does.
+/// Returns 0, or 1 with the reason.
+///
+/// # Safety
+/// `largest` points to a readable and writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachalot_torch_cache_info(device: c_int, largest: *mut usize) -> c_int {
+    // SAFETY: the caller passes a readable, writable size_t.
+    let at_least = unsafe { *largest } as u64;
+    match guarded("cacheInfo", || registry().cache_info(ordinal(device)?, at_least)) {
+        Ok(bytes) => {
+            // SAFETY: as above.
+            unsafe { *largest = usize::try_from(bytes).unwrap_or(usize::MAX) };
+            0
+        }
+        Err(failure) => {
+            set_last_error(&failure);
+            1
+        }
+    }
+}
+
+/// Says that the shim installed PyTorch's private-pool hooks: captures are routed to their
+/// pools from now on instead of refused.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_enable_pool_hooks() {
+    registry().enable_pool_hooks();
 }

@@ -48,6 +48,15 @@ fn function_addresses() -> BTreeMap<&'static str, usize> {
         ("empty_cache", abi::cachalot_torch_empty_cache as *const () as usize),
         ("set_memory_fraction", abi::cachalot_torch_set_memory_fraction as *const () as usize),
         ("last_error", abi::cachalot_torch_last_error as *const () as usize),
+        ("create_pool", abi::cachalot_torch_create_pool as *const () as usize),
+        ("begin_allocate_to_pool", abi::cachalot_torch_begin_allocate_to_pool as *const () as usize),
+        ("end_allocate_to_pool", abi::cachalot_torch_end_allocate_to_pool as *const () as usize),
+        ("release_pool", abi::cachalot_torch_release_pool as *const () as usize),
+        ("empty_pool_cache", abi::cachalot_torch_empty_pool_cache as *const () as usize),
+        ("pool_use_count", abi::cachalot_torch_pool_use_count as *const () as usize),
+        ("pool_live_allocations_are", abi::cachalot_torch_pool_live_allocations_are as *const () as usize),
+        ("cache_info", abi::cachalot_torch_cache_info as *const () as usize),
+        ("enable_pool_hooks", abi::cachalot_torch_enable_pool_hooks as *const () as usize),
     ])
 }
 

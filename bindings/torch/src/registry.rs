@@ -8,12 +8,14 @@
 //! C ABI (`crate::abi`) turns them into a null pointer plus a message.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use cachalot_core::backend::Segments as _;
 use cachalot_core::trace::TraceAction;
 use cachalot_core::{
-    Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, SimBackend, StreamId,
+    Allocation, AllocatorConfig, AllocatorError, BlockState, CachingAllocator, ContextId, Frame, PoolFilter, PoolId,
+    SimBackend, StreamId,
 };
 use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
@@ -104,11 +106,20 @@ impl Failure {
     }
 }
 
+/// PyTorch's filter of the requests a private pool serves while allocations are routed to it
+/// (`beginAllocateToPool`'s `std::function<bool(cudaStream_t)>`: the streams of one graph
+/// capture, or the thread inside `use_mem_pool`). Asked on the allocating thread, under the
+/// device's lock, before each request while the pool is routed to.
+pub type CallerFilter = Box<dyn Fn(StreamId) -> bool + Send>;
+
 /// One device's allocator and the handles of the pointers it handed out.
 pub struct DeviceState {
     /// The allocator.
     pub allocator: CachingAllocator<DeviceBackend>,
     live: FxHashMap<u64, Allocation>,
+    /// The pools routed to with PyTorch's own filters, oldest first, as the allocator routes
+    /// them ([`PoolFilter::Caller`]).
+    filters: Vec<(PoolId, CallerFilter)>,
 }
 
 impl DeviceState {
@@ -121,9 +132,9 @@ impl DeviceState {
 type Slot = Result<Mutex<DeviceState>, String>;
 
 /// The message of an allocation refused because its stream is being captured into a CUDA graph.
-pub const CAPTURE_ERROR: &str = "an allocation on a stream that is capturing a CUDA graph: graph capture allocates \
-into a private memory pool, which cachalot does not model yet. Capture graphs with PyTorch's own allocator \
-(do not call cachalot_torch.enable())";
+pub const CAPTURE_ERROR: &str = "an allocation on a stream that is capturing a CUDA graph, without the C++ shim's \
+private-pool hooks (cachalot_torch.enable(shim=False)): graph capture allocates into a private memory pool, which \
+PyTorch announces only to C++. Enable cachalot with its shim (the default), or capture with PyTorch's own allocator";
 
 /// Refuses an allocation on a stream under CUDA graph capture. PyTorch's allocator serves it
 /// from the capture's private pool, kept for the graph's replays; memory from the default pools
@@ -152,6 +163,10 @@ pub struct Registry {
     /// [`Stacks`] of the history now on, read on every allocation without a lock.
     stacks: AtomicU8,
     stack_source: OnceLock<StackSource>,
+    /// Whether PyTorch's private-pool hooks reach the allocator (the C++ shim installs them).
+    /// Without them a graph capture would allocate from the default pools, so an allocation
+    /// on a capturing stream is refused instead.
+    pool_hooks: AtomicBool,
 }
 
 impl Default for Registry {
@@ -175,6 +190,7 @@ impl Registry {
             settings: Mutex::new(settings),
             stacks: AtomicU8::new(stacks as u8),
             stack_source: OnceLock::new(),
+            pool_hooks: AtomicBool::new(false),
         }
     }
 
@@ -227,7 +243,7 @@ impl Registry {
         if let Some(history) = &settings.history {
             allocator.record_history(true, history.max_entries, &history.skip, false);
         }
-        Ok(DeviceState { allocator, live: FxHashMap::default() })
+        Ok(DeviceState { allocator, live: FxHashMap::default(), filters: Vec::new() })
     }
 
     /// The devices made so far, in ordinal order.
@@ -256,7 +272,14 @@ impl Registry {
         let stack = self.gather_stack(Stacks::Alloc);
         let result = {
             let mut state = lock(self.device(device)?);
-            refuse_capture(&state, size, device, stream)?;
+            if !self.pool_hooks.load(Ordering::Relaxed) {
+                refuse_capture(&state, size, device, stream)?;
+            }
+            if !state.filters.is_empty() {
+                // `get_pool`: the pool routed to last whose filter accepts the request.
+                let route = state.filters.iter().rev().find(|(_, accepts)| accepts(stream)).map(|&(pool, _)| pool);
+                state.allocator.set_caller_route(route);
+            }
             let context = stack.map(|frames| state.allocator.intern_context(&frames));
             state.allocator.set_context(context);
             let result = state.allocator.malloc(size, stream);
@@ -325,6 +348,115 @@ impl Registry {
                 .map_err(|e| Failure::Error(format!("empty_cache on device {device} failed: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Says that PyTorch's private-pool hooks reach the allocator from now on (the shim's
+    /// `beginAllocateToPool` & co.): captures are routed to pools, no longer refused.
+    pub fn enable_pool_hooks(&self) {
+        self.pool_hooks.store(true, Ordering::Relaxed);
+    }
+
+    fn pool_call<R>(
+        &self,
+        device: usize,
+        what: &str,
+        pool: PoolId,
+        call: impl FnOnce(&mut DeviceState) -> Result<R, AllocatorError>,
+    ) -> Result<R, Failure> {
+        self.with_device(device, call)?
+            .map_err(|e| Failure::Error(format!("{what} of pool {pool} on device {device}: {e}")))
+    }
+
+    /// `createOrIncrefPool` (a `MemPool` made): pool `pool` exists with one more user.
+    pub fn create_pool(&self, device: usize, pool: PoolId) -> Result<(), Failure> {
+        self.pool_call(device, "createOrIncrefPool", pool, |state| state.allocator.create_pool(pool))
+    }
+
+    /// `beginAllocateToPool` (a graph capture beginning, `use_mem_pool` entered): the requests
+    /// `filter` accepts are served from pool `pool`, which gains a user.
+    pub fn begin_allocate_to_pool(&self, device: usize, pool: PoolId, filter: CallerFilter) -> Result<(), Failure> {
+        self.pool_call(device, "beginAllocateToPool", pool, |state| {
+            state.allocator.begin_allocate_to_pool(pool, PoolFilter::Caller)?;
+            state.filters.push((pool, filter));
+            Ok(())
+        })
+    }
+
+    /// `endAllocateToPool` (a capture ended, `use_mem_pool` left): requests are no longer routed
+    /// to pool `pool`. Its filter is dropped.
+    pub fn end_allocate_to_pool(&self, device: usize, pool: PoolId) -> Result<(), Failure> {
+        self.pool_call(device, "endAllocateToPool", pool, |state| {
+            state.allocator.end_allocate_to_pool(pool)?;
+            state.filters.retain(|(routed, _)| *routed != pool);
+            if state.filters.is_empty() {
+                state.allocator.set_caller_route(None);
+            }
+            Ok(())
+        })
+    }
+
+    /// `releasePool` (a graph reset, a `MemPool` deleted, `use_mem_pool` left): one user fewer.
+    pub fn release_pool(&self, device: usize, pool: PoolId) -> Result<(), Failure> {
+        self.pool_call(device, "releasePool", pool, |state| state.allocator.release_pool(pool))
+    }
+
+    /// `emptyCache(mempool_id)` on every device made so far, as PyTorch's (it names no device):
+    /// the default pools' `empty_cache` for `(0, 0)`, else that private pool's once released.
+    pub fn empty_pool_cache(&self, pool: PoolId) -> Result<(), Failure> {
+        for (device, state) in self.devices() {
+            lock(state)
+                .allocator
+                .empty_pool_cache(pool)
+                .map_err(|e| Failure::Error(format!("emptyCache of pool {pool} on device {device}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// `getPoolUseCount`: the users of pool `pool`, 0 for a pool that does not exist.
+    pub fn pool_use_count(&self, device: usize, pool: PoolId) -> Result<u32, Failure> {
+        self.with_device(device, |state| {
+            state.allocator.private_pools().into_iter().find(|&(id, _)| id == pool).map_or(0, |(_, users)| users)
+        })
+    }
+
+    /// `checkPoolLiveAllocations`: whether the allocated blocks of pool `pool` are exactly the
+    /// pointers `expected` (CUDA-graph trees ask before they reuse a pool's memory). A pool
+    /// that does not exist holds none.
+    pub fn pool_live_allocations_are(&self, device: usize, pool: PoolId, expected: &[u64]) -> Result<bool, Failure> {
+        self.with_device(device, |state| {
+            let live = state.allocator.pool_live_allocations(pool).unwrap_or_default();
+            let mut expected = expected.to_vec();
+            expected.sort_unstable();
+            expected.dedup();
+            live == expected
+        })
+    }
+
+    /// `cacheInfo` (cuDNN's autotuner sizes its workspace with it): the largest free block in
+    /// any pool of device `device`, or `at_least` if that is larger; for `at_least` 0, the
+    /// device's free memory is the first guess, as PyTorch's `cacheInfo` makes it.
+    pub fn cache_info(&self, device: usize, at_least: u64) -> Result<u64, Failure> {
+        self.with_device(device, |state| {
+            let mut largest = at_least;
+            if largest == 0 {
+                let (free, _) = state
+                    .allocator
+                    .backend_mut()
+                    .memory_info()
+                    .map_err(|e| Failure::Error(format!("cacheInfo on device {device}: {e}")))?;
+                largest = free;
+            }
+            let cached = state
+                .allocator
+                .snapshot()
+                .iter()
+                .flat_map(|segment| &segment.blocks)
+                .filter(|block| block.state == BlockState::Inactive)
+                .map(|block| block.size)
+                .max()
+                .unwrap_or(0);
+            Ok(largest.max(cached))
+        })?
     }
 
     /// `set_per_process_memory_fraction(fraction, device)`.

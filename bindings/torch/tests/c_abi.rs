@@ -13,7 +13,13 @@ use cachalot_torch::abi::{
     cachalot_torch_empty_cache, cachalot_torch_free, cachalot_torch_last_error, cachalot_torch_record_stream,
     cachalot_torch_set_memory_fraction, registry,
 };
+use cachalot_torch::abi::{
+    cachalot_torch_begin_allocate_to_pool, cachalot_torch_cache_info, cachalot_torch_create_pool,
+    cachalot_torch_empty_pool_cache, cachalot_torch_end_allocate_to_pool, cachalot_torch_pool_live_allocations_are,
+    cachalot_torch_pool_use_count, cachalot_torch_release_pool,
+};
 use cachalot_torch::backend::DeviceBackend;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const CAPACITY: u64 = 1 << 30;
 const MIB: usize = 1 << 20;
@@ -275,4 +281,133 @@ fn many_threads_on_many_streams_never_share_a_byte() {
     let facts_backend =
         registry().with_device(9, |d| d.allocator.backend().device().backend.clone()).expect("device made");
     assert_eq!(facts_backend, "sim");
+}
+
+/// The filter the shim hands `beginAllocateToPool`: here, requests on SIDE (a graph capture on
+/// that stream); the context counts how often the filter was asked.
+extern "C" fn side_stream_only(context: *mut c_void, stream: *mut c_void) -> c_int {
+    // SAFETY: the tests pass a pointer to a static AtomicUsize as the context.
+    let asked = unsafe { &*(context as *const AtomicUsize) };
+    asked.fetch_add(1, Ordering::Relaxed);
+    c_int::from(stream == SIDE)
+}
+
+static FILTER_ASKED: AtomicUsize = AtomicUsize::new(0);
+static FILTER_RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn count_release(_: *mut c_void) {
+    FILTER_RELEASED.fetch_add(1, Ordering::Relaxed);
+}
+
+fn pool_of(device: usize, address: *mut c_void) -> (u64, u64) {
+    registry()
+        .with_device(device, |d| {
+            let segments = d.allocator.snapshot();
+            let segment = segments
+                .iter()
+                .find(|s| (s.address..s.address + s.total_size).contains(&(address as u64)))
+                .expect("a segment holds it");
+            (segment.pool_id.0, segment.pool_id.1)
+        })
+        .expect("device made")
+}
+
+/// A graph capture through PyTorch's pool hooks, as the shim calls them: the requests PyTorch's
+/// filter accepts come from the graph's private pool, the others from the default pools; the
+/// pool's live allocations are what a CUDA-graph tree expects; after the graph is reset, the
+/// pool's `emptyCache` gives its memory back; and the filter is released once.
+#[test]
+fn a_capture_through_the_pool_hooks_allocates_from_the_graphs_pool() {
+    simulated_devices();
+    let device = 10;
+    let context = &FILTER_ASKED as *const AtomicUsize as *mut c_void;
+    let (id0, id1) = (1, 0);
+    let begun = cachalot_torch_begin_allocate_to_pool(device, id0, id1, side_stream_only, count_release, context);
+    assert_eq!(begun, 0, "{:?}", last_error());
+    let captured = cachalot_torch_alloc(4 * MIB, device, SIDE);
+    let outside = cachalot_torch_alloc(4 * MIB, device, DEFAULT);
+    assert_eq!(pool_of(10, captured), (1, 0));
+    assert_eq!(pool_of(10, outside), (0, 0));
+    assert_eq!(FILTER_ASKED.load(Ordering::Relaxed), 2, "asked once a request");
+    let live = [captured as u64];
+    // SAFETY: one readable pointer.
+    assert_eq!(unsafe { cachalot_torch_pool_live_allocations_are(device, id0, id1, live.as_ptr(), 1) }, 1);
+    // SAFETY: none to read.
+    assert_eq!(unsafe { cachalot_torch_pool_live_allocations_are(device, id0, id1, live.as_ptr(), 0) }, 0);
+    assert_eq!(cachalot_torch_end_allocate_to_pool(device, id0, id1), 0);
+    assert_eq!(FILTER_RELEASED.load(Ordering::Relaxed), 1);
+    assert_eq!(cachalot_torch_pool_use_count(device, id0, id1), 1, "the graph holds the pool");
+    let after = cachalot_torch_alloc(4 * MIB, device, SIDE);
+    assert_eq!(pool_of(10, after), (0, 0), "no longer routed");
+
+    cachalot_torch_free(captured, 4 * MIB, device, SIDE);
+    assert_eq!(cachalot_torch_release_pool(device, id0, id1), 0);
+    assert_eq!(cachalot_torch_pool_use_count(device, id0, id1), 0);
+    // (Other tests' `empty_cache` may have given it back already: it reaches every device.)
+    assert_eq!(cachalot_torch_empty_pool_cache(id0, id1), 0);
+    let pool_segments =
+        registry().with_device(10, |d| d.allocator.snapshot().iter().filter(|s| s.pool_id.0 == 1).count());
+    assert_eq!(pool_segments, Ok(0), "the released pool's segment went back");
+    // A second release of a released pool is an error naming it, and changes nothing.
+    assert_eq!(cachalot_torch_release_pool(device, id0, id1), 1);
+    assert!(last_error().1.contains("(1, 0)"), "names the pool");
+    cachalot_torch_free(outside, 4 * MIB, device, DEFAULT);
+    cachalot_torch_free(after, 4 * MIB, device, SIDE);
+    consistent(10);
+}
+
+/// `MemPool()` then `use_mem_pool`: created with one user, routed with a second, and the users
+/// counted back down as PyTorch's context manager and the pool's deletion release them.
+#[test]
+fn a_mem_pool_is_created_routed_and_released() {
+    simulated_devices();
+    let device = 11;
+    assert_eq!(cachalot_torch_create_pool(device, 0, 7), 0);
+    assert_eq!(cachalot_torch_pool_use_count(device, 0, 7), 1);
+    extern "C" fn every_request(_: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    extern "C" fn nothing_to_release(_: *mut c_void) {}
+    let begun =
+        cachalot_torch_begin_allocate_to_pool(device, 0, 7, every_request, nothing_to_release, std::ptr::null_mut());
+    assert_eq!(begun, 0);
+    assert_eq!(cachalot_torch_pool_use_count(device, 0, 7), 2);
+    let inside = cachalot_torch_alloc(MIB, device, OTHER);
+    assert_eq!(pool_of(11, inside), (0, 7));
+    assert_eq!(cachalot_torch_end_allocate_to_pool(device, 0, 7), 0);
+    assert_eq!(cachalot_torch_release_pool(device, 0, 7), 0);
+    assert_eq!(cachalot_torch_release_pool(device, 0, 7), 0);
+    assert_eq!(cachalot_torch_pool_use_count(device, 0, 7), 0);
+    // The tensor outlives its pool: its memory stays until it is freed.
+    assert_eq!(cachalot_torch_empty_pool_cache(0, 7), 0);
+    assert_eq!(pool_of(11, inside), (0, 7));
+    cachalot_torch_free(inside, MIB, device, OTHER);
+    assert_eq!(cachalot_torch_empty_pool_cache(0, 7), 0);
+    assert_eq!(stats(11), (0, 0), "the pool's segment went back with its last tensor");
+    // Routing to a pool twice is refused, naming it.
+    assert_eq!(cachalot_torch_create_pool(device, 0, 8), 0);
+    let twice =
+        || cachalot_torch_begin_allocate_to_pool(device, 0, 8, every_request, nothing_to_release, std::ptr::null_mut());
+    assert_eq!(twice(), 0);
+    assert_eq!(twice(), 1);
+    assert!(last_error().1.contains("(0, 8)"));
+    consistent(11);
+}
+
+/// `cacheInfo`, as cuDNN's autotuner calls it: from 0, the device's free memory is the first
+/// guess; the largest cached free block counts where larger than the value passed in.
+#[test]
+fn cache_info_is_the_largest_free_block_or_the_guess() {
+    simulated_devices();
+    let device = 12;
+    let a = cachalot_torch_alloc(30 * MIB, device, DEFAULT);
+    cachalot_torch_free(a, 30 * MIB, device, DEFAULT);
+    let mut largest = 0usize;
+    // SAFETY: a writable size_t.
+    assert_eq!(unsafe { cachalot_torch_cache_info(device, &mut largest) }, 0);
+    assert_eq!(largest as u64, CAPACITY - 30 * MIB as u64, "the device's free bytes, larger than any block");
+    let mut largest = 1usize;
+    // SAFETY: as above.
+    assert_eq!(unsafe { cachalot_torch_cache_info(device, &mut largest) }, 0);
+    assert_eq!(largest, 30 * MIB, "the cached 30 MiB segment, free");
 }

@@ -42,6 +42,15 @@ impl<B: Backend> CachingAllocator<B> {
     #[cold]
     #[inline(never)]
     fn free_used_on_other_streams(&mut self, id: u32) -> Result<(), AllocatorError> {
+        if !self.routing.is_empty() {
+            // During a capture the events wait until no pool is routed to; the block keeps its
+            // stream uses until then, and waits as a block with events does.
+            self.free_requested(id);
+            let b = &self.blocks[id];
+            self.stats.count_waiting(b.pool, b.size);
+            self.deferred_frees.push(id);
+            return Ok(());
+        }
         // Record the events first: if the device fails, the block stays allocated and intact.
         let events = self.record_free_events(id)?;
         self.free_requested(id);
@@ -120,6 +129,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// stream in FIFO order (a pending event blocks the ones behind it on its stream).
     /// Every `malloc` starts with this.
     pub fn process_events(&mut self) -> Result<(), AllocatorError> {
+        self.insert_deferred_events()?;
         if self.events.is_empty() {
             return Ok(());
         }
@@ -145,6 +155,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// `synchronize_and_free_events`: waits for every outstanding event and completes the
     /// frees behind them. Counted in `num_sync_all_streams`.
     pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), AllocatorError> {
+        self.insert_deferred_events()?;
         self.stats.num_sync_all_streams += 1;
         while let Some(mut entry) = self.events.first_entry() {
             let Some((event, block)) = entry.get_mut().pop_front() else {
@@ -159,6 +170,36 @@ impl<B: Backend> CachingAllocator<B> {
             }
             self.backend.release_event(event);
             self.event_completed(block);
+        }
+        Ok(())
+    }
+
+    /// `insert_events_deferred_until_no_capture`: once no pool is routed to, the events of the
+    /// frees deferred during a capture are recorded, in the order of the frees. A block whose
+    /// recording fails stays deferred, with its uses, and the error is returned.
+    fn insert_deferred_events(&mut self) -> Result<(), AllocatorError> {
+        if self.deferred_frees.is_empty() || !self.routing.is_empty() {
+            return Ok(());
+        }
+        let deferred = std::mem::take(&mut self.deferred_frees);
+        for (at, &id) in deferred.iter().enumerate() {
+            let events = match self.record_free_events(id) {
+                Ok(events) => events,
+                Err(error) => {
+                    self.deferred_frees = deferred[at..].to_vec();
+                    return Err(error);
+                }
+            };
+            if events.is_empty() {
+                let b = &self.blocks[id];
+                self.stats.count_wait_over(b.pool, b.size);
+                self.free_block(id);
+                continue;
+            }
+            self.blocks[id].event_count += events.len() as u16;
+            for (stream, event) in events {
+                self.events.entry(stream).or_default().push_back((event, id));
+            }
         }
         Ok(())
     }

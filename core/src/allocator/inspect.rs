@@ -221,7 +221,7 @@ impl<B: Backend> CachingAllocator<B> {
                 if b.allocated && b.event_count > 0 {
                     return Err(format!("block {id} at {:#x}: allocated with pending events", b.ptr));
                 }
-                if pending && b.event_count == 0 {
+                if pending && b.event_count == 0 && !self.deferred_frees.contains(&id) {
                     return Err(format!("block {id} at {:#x}: pending free without events", b.ptr));
                 }
                 match b.location {

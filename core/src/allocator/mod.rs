@@ -137,6 +137,14 @@ pub struct CachingAllocator<B: Backend> {
     private_ids: BTreeMap<PoolId, PoolSlot>,
     /// Pools allocations are routed to now, oldest first (PyTorch's `captures_underway`).
     routing: Vec<(PoolId, PoolSlot, PoolFilter)>,
+    /// The pool a [`PoolFilter::Caller`] filter accepts the next requests for, as the caller
+    /// said (`set_caller_route`).
+    caller_route: Option<PoolId>,
+    /// Blocks freed with uses on other streams while allocations were routed to a pool: their
+    /// events are recorded once no pool is routed to (PyTorch's
+    /// `needs_events_deferred_until_no_capture`: an event recorded during a graph capture must
+    /// not be queried).
+    deferred_frees: Vec<u32>,
     /// Outstanding cross-stream events, one FIFO per stream (PyTorch's `cuda_events`).
     events: BTreeMap<StreamId, VecDeque<(B::Event, u32)>>,
     stats: Counters,
@@ -186,6 +194,8 @@ impl<B: Backend> CachingAllocator<B> {
             private: Slab::default(),
             private_ids: BTreeMap::new(),
             routing: Vec::new(),
+            caller_route: None,
+            deferred_frees: Vec::new(),
             events: BTreeMap::new(),
             stats: Counters::new(max_split_size),
             total_allocated_memory: 0,
@@ -614,6 +624,8 @@ where
             private: self.private.clone(),
             private_ids: self.private_ids.clone(),
             routing: self.routing.clone(),
+            caller_route: self.caller_route,
+            deferred_frees: self.deferred_frees.clone(),
             events: self.events.clone(),
             stats: self.stats.clone(),
             total_allocated_memory: self.total_allocated_memory,

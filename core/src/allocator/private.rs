@@ -163,7 +163,40 @@ impl<B: Backend> CachingAllocator<B> {
         if self.routing.is_empty() {
             return NIL;
         }
-        self.routing.iter().rev().find(|(_, _, filter)| filter.accepts(stream)).map_or(NIL, |&(_, slot, _)| slot)
+        let caller = self.caller_route;
+        self.routing
+            .iter()
+            .rev()
+            .find(|&&(id, _, filter)| filter.accepts(stream) || (filter == PoolFilter::Caller && caller == Some(id)))
+            .map_or(NIL, |&(_, slot, _)| slot)
+    }
+
+    /// Names the pool whose [`PoolFilter::Caller`] accepts the requests made from now on
+    /// (`None`: none does), as the caller's own filters answered for them. Set before each
+    /// request while such a pool is routed to; pools with other filters are unaffected.
+    pub fn set_caller_route(&mut self, pool: Option<PoolId>) {
+        self.caller_route = pool;
+    }
+
+    /// Addresses of the allocated blocks of private pool `id`, in address order (`None`: no
+    /// such pool). What `checkPoolLiveAllocations` compares with the tensors a CUDA-graph tree
+    /// expects alive.
+    pub fn pool_live_allocations(&self, id: PoolId) -> Option<Vec<u64>> {
+        let slot = self.pool_slot(id).ok()?;
+        let mut live: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, segment)| segment.private == slot)
+            .flat_map(|(_, segment)| {
+                std::iter::successors(Some(segment.head).filter(|&b| b != NIL), |&b| {
+                    Some(self.blocks[b].next).filter(|&next| next != NIL)
+                })
+            })
+            .filter(|&b| self.blocks[b].allocated)
+            .map(|b| self.blocks[b].ptr)
+            .collect();
+        live.sort_unstable();
+        Some(live)
     }
 
     /// The id of the pool in `slot`.

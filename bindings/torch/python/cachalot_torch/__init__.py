@@ -15,9 +15,9 @@ The history records each allocation's Python stack (``context``/``stacks`` as Py
 ``_record_memory_history``; C++ frames are not recorded): ``torch.cuda._memory_viz`` and
 ``cachalot view`` show them.
 
-Not supported: CUDA graph capture and ``torch.cuda.MemPool`` (private pools): a RuntimeError at
-capture time (``PRIVATE_POOL_ERROR``; the allocator itself refuses any allocation on a capturing
-stream, however the capture began).
+Private pools (CUDA graph capture, ``torch.cuda.MemPool`` with ``use_mem_pool``) and
+``torch.backends.cudnn.benchmark`` reach cachalot through the C++ shim. Without the shim
+(``shim=False``) they are refused with a RuntimeError (``PRIVATE_POOL_ERROR``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,26 @@ __all__ = [
     "dump_snapshot",
     "PATCHED_TORCH_FUNCTIONS",
     "PRIVATE_POOL_ERROR",
+    "SHIM_FUNCTIONS",
 ]
+
+# The Rust library's functions the C++ shim calls, in the order of its `Functions` struct.
+SHIM_FUNCTIONS = (
+    "alloc",
+    "free",
+    "record_stream",
+    "set_memory_fraction",
+    "last_error",
+    "create_pool",
+    "begin_allocate_to_pool",
+    "end_allocate_to_pool",
+    "release_pool",
+    "empty_pool_cache",
+    "pool_use_count",
+    "pool_live_allocations_are",
+    "cache_info",
+    "enable_pool_hooks",
+)
 
 # The torch._C entry points `patch_torch=True` replaces. Every Python-level function of
 # torch.cuda that reads the allocator goes through one of them (memory_allocated, memory_reserved,
@@ -89,11 +108,13 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
         before torch.OutOfMemoryError is raised.
     patch_torch: route torch.cuda's memory functions to cachalot (PATCHED_TORCH_FUNCTIONS).
     shim: install through the C++ shim (built once with torch.utils.cpp_extension, cached), which
-        wires record_stream, empty_cache, the memory fraction, and raises a failed allocation
-        (torch.OutOfMemoryError, or RuntimeError: an allocation during graph capture).
+        wires record_stream, empty_cache, the memory fraction, private pools (CUDA graphs,
+        MemPool), cacheInfo (cudnn.benchmark), and raises a failed allocation
+        (torch.OutOfMemoryError, or RuntimeError).
         shim=False uses torch.cuda.memory.CUDAPluggableAllocator (alloc and free only):
-        Tensor.record_stream is then not honoured and a failed allocation is a null pointer
-        PyTorch does not check; use it only where no compiler is available.
+        Tensor.record_stream is then not honoured, a failed allocation is a null pointer
+        PyTorch does not check, and graphs, MemPool and cudnn.benchmark are refused; use it only
+        where no compiler is available.
     """
     global _enabled
     if _enabled:
@@ -121,17 +142,18 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
     if shim:
         library = _load_shim(torch)
         error = ctypes.create_string_buffer(4096)
+        functions = (ctypes.c_size_t * len(SHIM_FUNCTIONS))(*(addresses[name] for name in SHIM_FUNCTIONS))
         status = library.cachalot_torch_shim_install(
-            addresses["alloc"], addresses["free"], addresses["record_stream"], addresses["empty_cache"],
-            addresses["set_memory_fraction"], addresses["last_error"], int(_record_stream_hook), error,
-            ctypes.sizeof(error))
+            functions, len(SHIM_FUNCTIONS), int(_record_stream_hook), error, ctypes.sizeof(error))
         if status != 0:
             raise RuntimeError(f"cachalot_torch: installing the allocator failed: {error.value.decode()}")
     else:
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             _native.__file__, "cachalot_torch_alloc", "cachalot_torch_free")
         torch.cuda.memory.change_current_allocator(allocator)
-    _refuse_private_pools(torch)
+        # PyTorch's pool hooks are C++ only: without the shim a capture would allocate from the
+        # default pools.
+        _refuse_private_pools(torch)
     if patch_torch:
         _patch(torch, hooks_wired=shim)
     _enabled = True
@@ -139,8 +161,8 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
 
 PRIVATE_POOL_ERROR = (
     "cachalot_torch: CUDA graph capture and torch.cuda.MemPool allocate into a private memory pool, "
-    "which cachalot does not model yet. Capture graphs with PyTorch's own allocator (do not call "
-    "cachalot_torch.enable()).")
+    "which reaches cachalot only through its C++ shim: enable() without shim=False (it needs a C++ "
+    "compiler once).")
 
 
 def _refuse_private_pools(torch) -> None:
@@ -174,8 +196,8 @@ def _load_shim(torch):
                        is_python_module=False, build_directory=build, verbose=False)
     library = ctypes.CDLL(os.path.join(build, f"{name}.so"))
     library.cachalot_torch_shim_install.restype = ctypes.c_int
-    library.cachalot_torch_shim_install.argtypes = [ctypes.c_size_t] * 6 + [
-        ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    library.cachalot_torch_shim_install.argtypes = [
+        ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     return library
 
 
