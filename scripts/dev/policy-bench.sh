@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `policy:cachalot` against PyTorch's policy on one device (BENCHMARKS.md §15, "The policy on
+# `policy:cachalot` against PyTorch's policy on one device (BENCHMARKS.md §3, "On
 # CUDA"): `cachalot bench` under each policy on the same op files, ROUNDS rounds, the order
 # alternating, pinned to one core. Prints per file the medians of the rounds' ns per op and the
 # median of the rounds' ratios (ours / PyTorch's policy); and the hot path apart: the same ratio
