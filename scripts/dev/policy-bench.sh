@@ -7,9 +7,9 @@
 # --each-replay`), with how many of ours' timed replays did make some.
 #
 # With BEST=FILE (lines `OPS_NAME|SETTINGS`, OPS_NAME the op file's name without `.ops`; the
-# settings of §15 are in scripts/dev/policy-best-settings.txt), each file named there is also
-# timed under PyTorch's policy with SETTINGS: the setting `cachalot tune` finds for the trace
-# the file was made from, the one that gives PyTorch's lowest peak.
+# settings of BENCHMARKS.md §3 are in scripts/dev/policy-best-settings.txt), each file named
+# there is also timed under PyTorch's policy with SETTINGS: the setting `cachalot tune` finds for
+# the trace the file was made from, the one that gives PyTorch's lowest peak.
 # Its `per_process_memory_fraction` is a share of the device it was tuned for (TRACE_TOTAL
 # bytes, an H200's by default), so it is rescaled to this device's total (DEVICE_TOTAL, asked
 # of PyTorch when unset): the same allowed bytes on any device. The table then also gives ours
