@@ -59,7 +59,7 @@ cat >"$bin/run.sh" <<'RUN'
 #        back to back (the order alternating by round), pinned to one core; per file, the
 #        median of the pairs' ratios, the ratio of each side's best, and how many pairs are at
 #        <= 0.25 (paired-bench.py: the host slows everything down for seconds at a time, so
-#        only measurements a moment apart compare; BENCHMARKS.md, section 2, "Paired rounds").
+#        only measurements a moment apart compare; BENCHMARKS.md §2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=${1:-all}

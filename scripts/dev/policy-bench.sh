@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `policy:cachalot` against PyTorch's policy on one device (BENCHMARKS.md §15, "The policy on
+# `policy:cachalot` against PyTorch's policy on one device (BENCHMARKS.md §3, "On
 # CUDA"): `cachalot bench` under each policy on the same op files, ROUNDS rounds, the order
 # alternating, pinned to one core. Prints per file the medians of the rounds' ns per op and the
 # median of the rounds' ratios (ours / PyTorch's policy); and the hot path apart: the same ratio
@@ -7,9 +7,9 @@
 # --each-replay`), with how many of ours' timed replays did make some.
 #
 # With BEST=FILE (lines `OPS_NAME|SETTINGS`, OPS_NAME the op file's name without `.ops`; the
-# settings of §15 are in scripts/dev/policy-best-settings.txt), each file named there is also
-# timed under PyTorch's policy with SETTINGS: the setting `cachalot tune` finds for the trace
-# the file was made from, the one that gives PyTorch's lowest peak.
+# settings of BENCHMARKS.md §3 are in scripts/dev/policy-best-settings.txt), each file named
+# there is also timed under PyTorch's policy with SETTINGS: the setting `cachalot tune` finds for
+# the trace the file was made from, the one that gives PyTorch's lowest peak.
 # Its `per_process_memory_fraction` is a share of the device it was tuned for (TRACE_TOTAL
 # bytes, an H200's by default), so it is rescaled to this device's total (DEVICE_TOTAL, asked
 # of PyTorch when unset): the same allowed bytes on any device. The table then also gives ours

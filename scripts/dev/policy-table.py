@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The per-trace table of BENCHMARKS.md §15 (issue 18): peak reserved under PyTorch's default
+"""The per-trace table of BENCHMARKS.md §3: peak reserved under PyTorch's default
 settings, under PyTorch's best setting (`cachalot tune`), under cachalot's own policy
 (`policy:cachalot` on top of the trace's settings) and the lower bound, peak allocated with every
 request rounded up to 512 B alone (from the trace's alloc / free_completed entries).

@@ -5,20 +5,20 @@ own swings cancel.
     torch-speed.py BENCH [ROUNDS] [STEPS]      (BENCH: gpt_train | convnet_train | alloc)
 
 The allocator is chosen once per process, before CUDA starts, so the two cannot share one. The
-host the GPU machine runs on slows down by up to ~1.8x for seconds at a time (BENCHMARKS.md §2),
-so timing one process after another measures the host as much as the allocator (§9 saw 40%
-between processes of the same allocator). Here three worker processes are started side by side
-and kept alive: PyTorch's allocator (`native`), cachalot (`cachalot`), and PyTorch's allocator
-again (`native2`, the control: what the method reads where there is no difference). Each has
-built its model and run 5 warm-up steps. The coordinator then runs short blocks of STEPS steps in
-one worker at a time (the others idle, waiting on a pipe), in the order native, cachalot,
-native2, native2, cachalot, native per round, so a slow stretch of the host falls on the
-workers of one round alike and a drift within the round cancels. Per round, the ratio of each
-round's cachalot median step to the mean of the two PyTorch workers' (and the control's, native2
-to native); reported: the median of the ROUNDS ratios with its 95% confidence interval, and the
-median step over all rounds. Run it pinned to two cores (`taskset -c 2,3`, as torch-device.sh
-does): only one worker runs at a time, and every worker's main and autograd threads then share
-the same cores, whose neighbours on the host differ from core to core.
+host the GPU machine runs on slows down by up to ~1.8x for seconds at a time (BENCHMARKS.md,
+"How the figures are taken"), so timing one process after another measures the host as much as the
+allocator (40% between processes of the same allocator: docs/journal/benchmarks-2026-11.md §9). Here
+three worker processes are started side by side and kept alive: PyTorch's allocator (`native`),
+cachalot (`cachalot`), and PyTorch's allocator again (`native2`, the control: what the method reads
+where there is no difference). Each has built its model and run 5 warm-up steps. The coordinator
+then runs short blocks of STEPS steps in one worker at a time (the others idle, waiting on a pipe),
+in the order native, cachalot, native2, native2, cachalot, native per round, so a slow stretch of
+the host falls on the workers of one round alike and a drift within the round cancels. Per round,
+the ratio of each round's cachalot median step to the mean of the two PyTorch workers' (and the
+control's, native2 to native); reported: the median of the ROUNDS ratios with its 95% confidence
+interval, and the median step over all rounds. Run it pinned to two cores (`taskset -c 2,3`, as
+torch-device.sh does): only one worker runs at a time, and every worker's main and autograd threads
+then share the same cores, whose neighbours on the host differ from core to core.
 
 A step is timed on the host from its start to the end of `torch.cuda.synchronize()` after it
 (what a training loop waits for). `alloc` times `torch.empty(size, dtype=uint8, device="cuda");

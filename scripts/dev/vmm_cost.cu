@@ -2,7 +2,7 @@
 // cachalot's CUDA backend (backends/cuda/src/vmm.rs) makes to map and unmap expandable-segment
 // pages, one physical allocation per page as PyTorch's ExpandableSegment does, against the same
 // bytes in 64 MiB allocations; and whether the driver unmaps part of one mapping (it does not).
-// BENCHMARKS.md §15 ("What a page costs on CUDA") has the figures and what they mean for
+// BENCHMARKS.md §3 ("What a page costs on CUDA") has the figures and what they mean for
 // `policy:cachalot`.
 //
 //   nvcc -O2 -o vmm_cost scripts/dev/vmm_cost.cu -lcuda && ./vmm_cost      (GPU machine; uses 512 MiB)

@@ -3,7 +3,7 @@
 //! same run, with the general reader (the `pickled` crate's value graph, converted afterwards),
 //! and prints the median of five reads of each and their ratio. Arguments filter the files by
 //! name. The large-file comparison against Python's `pickle.load` is
-//! `scripts/dev/pickle-speed.sh` (BENCHMARKS.md, section 12).
+//! `scripts/dev/pickle-speed.sh` (BENCHMARKS.md §5).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

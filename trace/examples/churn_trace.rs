@@ -4,7 +4,7 @@
 //! each holds a segment with cached free space that every `empty_cache` walks past (as
 //! PyTorch's `release_cached_blocks` walks every free block). Each cycle is a segment allocation and a segment free, so the
 //! replay meets a release run before every new segment: the shape that once made replay copy
-//! the whole allocator per run (BENCHMARKS.md, "Replay of segment churn").
+//! the whole allocator per run (BENCHMARKS.md §6).
 //!
 //! ```sh
 //! cargo run --release -p cachalot-trace --example churn_trace -- 1000 100000 churn.pickle [--keep]

@@ -3,7 +3,7 @@
 //! calls of each replay, the peak reserved after the first and after the last replay (and its
 //! ratio to peak allocated), and whether the file settled (no device call from the fourth
 //! replay) within the policy's goal (1.15× peak allocated) and at most at the lowest peak of a
-//! PyTorch setting that settles on it (BENCHMARKS.md §15).
+//! PyTorch setting that settles on it (BENCHMARKS.md §3).
 //!
 //! `cargo run --release -p cachalot-trace --example settle -- [N [SETTINGS [FILTER]]]`
 //!
@@ -16,7 +16,7 @@ use cachalot_trace::ops::OpFile;
 use cachalot_trace::replay::DEFAULT_DEVICE_TOTAL;
 
 /// The lowest peak reserved of a PyTorch setting under which each op file, replayed 8 times,
-/// settles (BENCHMARKS.md §15, "What PyTorch's best is for a repeated job").
+/// settles (BENCHMARKS.md §3, "A job that repeats").
 const PYTORCH_SETTLING_PEAK: [(&str, u64); 10] = [
     ("random-512B-64MiB", 2_472_542_208),
     ("trace-convnet_train", 218_103_808),

@@ -42,7 +42,7 @@ fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
             tune(&snapshot, &options, Objective::PeakReserved).unwrap().with_own_policy(&snapshot, &options).unwrap();
         let own = tuning.own_policy.clone().unwrap();
         let best = tuning.winner();
-        // The figures behind BENCHMARKS.md §15, shown with `--nocapture`.
+        // The figures behind BENCHMARKS.md §3, shown with `--nocapture`.
         println!(
             "{name}: policy:cachalot {} B ({:.3}x peak allocated, {} device calls, {} OOMs, {}); PyTorch's best {} B ({})",
             own.peak_reserved,
@@ -87,9 +87,8 @@ fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
 }
 
 /// The lowest peak reserved of a PyTorch setting under which each op file, replayed 8 times,
-/// settles (no device call from its second replay; BENCHMARKS.md §15, "What PyTorch's best is
-/// for a repeated job"): what a job that repeats gets from PyTorch's policy without moving
-/// memory on every repeat.
+/// settles (no device call from its second replay; BENCHMARKS.md §3, "A job that repeats"):
+/// what a job that repeats gets from PyTorch's policy without moving memory on every repeat.
 const PYTORCH_SETTLING_PEAK: [(&str, u64); 9] = [
     ("trace-gpt_train", 1_440_743_424),
     ("trace-gpt_train_expandable", 1_440_743_424),
@@ -113,7 +112,7 @@ const PYTORCH_SETTLING_PEAK: [(&str, u64); 9] = [
 /// convnet_train_gc, kvcache_infer, multistream, oom_probe_fraction and seeds make no device
 /// call from their fourth replay, gpt_train none from its fifth; random_stress_maxsplit,
 /// which rules 1–6 made move 105–128 calls' worth a repeat (gpt_train 80–130), makes at most
-/// 10. The calls per replay are printed with `--nocapture` (BENCHMARKS.md §15).
+/// 10. The calls per replay are printed with `--nocapture` (BENCHMARKS.md §3).
 #[test]
 fn a_replayed_job_keeps_its_peak_and_settles() {
     use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend};

@@ -1,7 +1,7 @@
 //! Replay in time that does not grow with the live blocks at each entry: the trace shapes whose
 //! releases the replay must explain (the next malloc's, or an `empty_cache` call's?) while many
 //! blocks stay live once made it copy the allocator's live state at every release run, and at
-//! every out-of-memory entry with expandable segments: quadratic time (BENCHMARKS.md §10,
+//! every out-of-memory entry with expandable segments: quadratic time (BENCHMARKS.md §6,
 //! "Replay time against trace length"). These hold the number of such copies to zero, so a
 //! change that brings one back fails here, with no timing involved; each replay must also match
 //! its recording exactly.

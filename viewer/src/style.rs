@@ -34,9 +34,9 @@ pub fn software_rendering(ctx: &egui::Context) -> bool {
 /// shaded pixel costs CPU time (a pass over the whole window is a large share of a frame, even
 /// through OpenGL, which the window uses there: `native::WindowRenderer`), and the panels' fills
 /// cover the whole window, so leaving them out multiplies the frame rate of an empty window
-/// (BENCHMARKS.md, section 5, "Earlier the same day: fewer shaded pixels"). The window is cleared to
-/// the same colour ([`eframe::App::clear_color`]), which costs nothing; what is lost is the fade
-/// at the edges of scroll areas, which takes its colour from the fill.
+/// (docs/journal/benchmarks-2026-11.md, section 5, "Earlier the same day: fewer shaded pixels").
+/// The window is cleared to the same colour ([`eframe::App::clear_color`]), which costs nothing;
+/// what is lost is the fade at the edges of scroll areas, which takes its colour from the fill.
 pub fn panel_frame(ui: &egui::Ui, frame: egui::Frame) -> egui::Frame {
     if software_rendering(ui.ctx()) { frame.fill(egui::Color32::TRANSPARENT) } else { frame }
 }

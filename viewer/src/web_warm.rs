@@ -3,12 +3,12 @@
 //! V8 runs a WebAssembly function first in its baseline tier (Liftoff) and compiles it
 //! optimised (TurboFan) only once it has run for a while, so the page's first open of a file
 //! parsed 4–6× and laid the timeline out about 4× slower than a second open of the same file in
-//! the same page, which runs at native speed (BENCHMARKS.md §11). Nothing a page can ask of V8
-//! changes that; running the code does. So once the page has drawn its first frames, it opens a
-//! small real PyTorch trace (`convnet_train`, 74 KB, built in) off-screen in idle time, round
-//! after round — read and rebuilt as a file is, then one UI pass of the viewer in an egui
-//! context of its own — until a round is no faster than the best before it. Each round is one
-//! task of a few milliseconds, so the page stays responsive, and nothing of it is shown: the
+//! the same page, which runs at native speed (docs/journal/benchmarks-2026-11.md §11). Nothing a
+//! page can ask of V8 changes that; running the code does. So once the page has drawn its first
+//! frames, it opens a small real PyTorch trace (`convnet_train`, 74 KB, built in) off-screen in
+//! idle time, round after round — read and rebuilt as a file is, then one UI pass of the viewer in
+//! an egui context of its own — until a round is no faster than the best before it. Each round is
+//! one task of a few milliseconds, so the page stays responsive, and nothing of it is shown: the
 //! visitor's viewer and its tabs are not touched.
 
 use crate::app::ViewerApp;

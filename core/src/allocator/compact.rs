@@ -62,7 +62,7 @@
 //! oom_probe_fraction and seeds from their third replay under rule 7, gpt_train from its
 //! fifth, kvcache_infer and multistream from their second), while one whose layout does not
 //! fit 1.15× its peak allocated keeps moving a few pages per repeat (random_stress_maxsplit
-//! 4–10 maps and unmaps, 105–128 without rule 7; BENCHMARKS.md §15).
+//! 4–10 maps and unmaps, 105–128 without rule 7; BENCHMARKS.md §3).
 //! Giving back only the excess, not the whole cache, is what lets a step find most of its
 //! sizes cached. The cache-hit path is the same as PyTorch's.
 //!

@@ -18,7 +18,8 @@ impl<B: Backend> CachingAllocator<B> {
     ///
     /// Always inlined: with malloc (which the compiler inlines) beside it in a caller's loop, a
     /// free as a call of its own cost 2.3–3.1% more instructions per op on every op file
-    /// (CONFORMANCE.md §3). The part for blocks used on other streams stays out of line.
+    /// (docs/journal/conformance-2026-11.md, "Cuts on the free path"). The part for blocks used
+    /// on other streams stays out of line.
     #[inline(always)]
     pub fn free(&mut self, allocation: Allocation) -> Result<(), AllocatorError> {
         if allocation.is_empty() {

@@ -32,8 +32,8 @@ pub(crate) fn pack(key: Key) -> u128 {
 /// number of slots (`SLOTS / 2 - 1`) from any position a key can take. A copy of fixed length
 /// is straight-line moves or one `memmove` that always takes the same path, whatever the
 /// position; a per-slot loop compiled into a chain of compares on it, which mispredicted on
-/// most inserts and on best fit's takes (the measurements are in BENCHMARKS.md, section 1,
-/// "Then the shifts").
+/// most inserts and on best fit's takes (the measurements are in
+/// docs/journal/benchmarks-2026-11.md, section 1, "Then the shifts").
 #[derive(Clone, Debug)]
 struct Run<const SLOTS: usize> {
     keys: [u128; SLOTS],

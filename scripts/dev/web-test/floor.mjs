@@ -1,5 +1,5 @@
 // The least time any page can take to open a file in this browser on this machine: what the
-// browser itself costs before a page's own code does anything. BENCHMARKS.md §11 sets it against
+// browser itself costs before a page's own code does anything. BENCHMARKS.md §10 sets it against
 // the native viewer's whole open, to say what the page's ≤ 2× goal leaves for the page's work.
 //
 // In a page of the same origin with no script of its own, for each file (median of RUNS):

@@ -5,9 +5,9 @@
 //! state, the byte series, a checkpoint now and then) costs about as much as the simulated
 //! allocator took to make it. Rebuilding every entry the moment it arrives therefore took a
 //! core's worth of time from a fast run on a two-core machine and slowed it 1.7–2.8 times
-//! (BENCHMARKS.md §14). Instead, a tab keeps what arrived in a [`Backlog`] (the batches as the
-//! runtime sent them: moved, not copied) and each frame rebuilds only as much as
-//! [`RUNNING_BUDGET`] allows while the run goes, and [`CATCH_UP_BUDGET`] once it ended. At the
+//! (docs/journal/benchmarks-2026-11.md §14). Instead, a tab keeps what arrived in a [`Backlog`]
+//! (the batches as the runtime sent them: moved, not copied) and each frame rebuilds only as much
+//! as [`RUNNING_BUDGET`] allows while the run goes, and [`CATCH_UP_BUDGET`] once it ended. At the
 //! rates a window can show (the 200,000 events/s is about 3,000 entries a frame) the
 //! backlog is empty after every frame and the views follow the newest event; a faster run is
 //! shown a little behind while it runs, and the window catches up after it, still drawing

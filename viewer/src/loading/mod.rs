@@ -165,7 +165,7 @@ impl Loader {
                 // The parse runs inside the animation frame that then draws its run: done
                 // between frames instead (in the callback that received the bytes), it was a
                 // long task after which Chromium held the page's next frame back by up to a
-                // second (BENCHMARKS.md §11).
+                // second (BENCHMARKS.md §10).
                 mark(&format!("cachalot load {}", pending.name));
                 finished.push(named(&pending.name, job(&pending.progress)));
                 mark(&format!("cachalot loaded {}", pending.name));

@@ -49,7 +49,7 @@ pub use cachalot_trace::rebuild::{Anomaly, Block, NO_EVENT, PoolState, Rules, Se
 
 /// Fewest entries between two checkpoints. A seek replays at most this many entries (a fraction
 /// of a millisecond); with 1024, opening the 3M-entry pickle took 0.24 GB more memory and 15-25 %
-/// more CPU time, copying states for checkpoints (BENCHMARKS.md §12).
+/// more CPU time, copying states for checkpoints (docs/journal/benchmarks-2026-11.md §12).
 const CHECKPOINT_MIN: usize = 4096;
 /// Entries to replay beyond which a seek to the newest moment copies the head state instead.
 const HEAD_COPY_ENTRIES: usize = 256;

@@ -3,7 +3,7 @@
 //! wgpu where there is a GPU. Where wgpu finds only a software rasterizer (Mesa's lavapipe on
 //! a machine without a GPU), OpenGL through eframe's glow renderer instead, which Mesa runs on
 //! llvmpipe, which draws the same frames several times faster (the figures are in BENCHMARKS.md,
-//! section 5, "The window on a machine without a GPU"). The cost is egui-wgpu's fragment shader as
+//! §8, "The window without a GPU"). The cost is egui-wgpu's fragment shader as
 //! Mesa runs it, not Vulkan: egui-wgpu on llvmpipe's OpenGL (`WGPU_BACKEND=gl`) is as slow;
 //! egui_glow's shader is a texture sample and a multiply.
 
