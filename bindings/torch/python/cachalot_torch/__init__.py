@@ -15,9 +15,14 @@ The history records each allocation's Python stack (``context``/``stacks`` as Py
 ``_record_memory_history``; C++ frames are not recorded): ``torch.cuda._memory_viz`` and
 ``cachalot view`` show them.
 
-Not supported: CUDA graph capture and ``torch.cuda.MemPool`` (private pools): a RuntimeError at
+Not supported: CUDA graph capture and ``torch.cuda.MemPool`` (private pools): the allocator has
+private pools, but this binding does not route PyTorch's to them, so they raise a RuntimeError at
 capture time (``PRIVATE_POOL_ERROR``; the allocator itself refuses any allocation on a capturing
 stream, however the capture began).
+
+The first ``enable()`` builds a small C++ shim against the installed torch (once; cached): it
+needs a C++ compiler (g++: ``apt install build-essential``), ninja (``pip install ninja``) and
+the CUDA toolkit's headers, and says which is missing before it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import ctypes
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 
 from . import _native
@@ -34,6 +40,7 @@ __all__ = [
     "enable",
     "is_enabled",
     "cuda_status",
+    "CUDA_NOT_USABLE",
     "memory_allocated",
     "memory_reserved",
     "max_memory_allocated",
@@ -49,6 +56,7 @@ __all__ = [
     "dump_snapshot",
     "PATCHED_TORCH_FUNCTIONS",
     "PRIVATE_POOL_ERROR",
+    "NOT_THE_ALLOCATOR",
 ]
 
 # The torch._C entry points `patch_torch=True` replaces. Every Python-level function of
@@ -70,9 +78,17 @@ PATCHED_TORCH_FUNCTIONS = (
 _enabled = False
 
 
+CUDA_NOT_USABLE = "CUDA is not usable here: "
+
+
 def cuda_status(device: int = 0) -> str:
-    """Describes CUDA device `device`, or raises RuntimeError saying why CUDA is not usable."""
-    return _native.cuda_status(device)
+    """Describes CUDA device `device` ("CUDA device 0: NVIDIA H200 (139.8 GiB, ...)"), or says why
+    CUDA is not usable: then the text starts with CUDA_NOT_USABLE (no libcuda, no such device).
+    It never raises for a missing GPU."""
+    try:
+        return _native.cuda_status(device)
+    except RuntimeError as e:
+        return f"{CUDA_NOT_USABLE}{e}"
 
 
 def is_enabled() -> bool:
@@ -103,10 +119,7 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
     except ImportError as e:
         raise RuntimeError("cachalot_torch.enable() needs PyTorch (with CUDA) installed") from e
     if not torch.cuda.is_available():
-        try:
-            reason = _native.cuda_status(0)
-        except RuntimeError as e:
-            reason = str(e)
+        reason = cuda_status(0)
         raise RuntimeError(
             f"cachalot_torch: CUDA is not available, so there is no CUDA allocator to replace "
             f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}; "
@@ -115,6 +128,8 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
         raise RuntimeError(
             "cachalot_torch.enable() must run before the first CUDA tensor: PyTorch cannot replace an "
             "allocator it has already initialized")
+    if shim:
+        _check_shim_tools()
     settings = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if config is None else config
     _native.configure(settings, None, snapshot_on_oom)
     addresses = _native.function_addresses()
@@ -139,7 +154,8 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
 
 PRIVATE_POOL_ERROR = (
     "cachalot_torch: CUDA graph capture and torch.cuda.MemPool allocate into a private memory pool, "
-    "which cachalot does not model yet. Capture graphs with PyTorch's own allocator (do not call "
+    "which this PyTorch binding does not support (cachalot's allocator has private pools, but the "
+    "binding does not route PyTorch's to them). Capture graphs with PyTorch's own allocator (do not call "
     "cachalot_torch.enable()).")
 
 
@@ -156,6 +172,30 @@ def _refuse_private_pools(torch) -> None:
 
     torch.cuda.CUDAGraph.capture_begin = capture_begin
     torch.cuda.MemPool.__init__ = mem_pool
+
+
+def _check_shim_tools() -> None:
+    """What building the shim needs, checked before torch.utils.cpp_extension fails deep inside:
+    a C++ compiler, ninja, and the CUDA toolkit torch's extension builder finds (CUDA_HOME)."""
+    from torch.utils import cpp_extension
+
+    without = "or call enable(shim=False), which needs none of it but loses record_stream and raised OOMs"
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        where = "$CXX" if os.environ.get("CXX") else "c++"
+        raise RuntimeError(
+            f"cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after), "
+            f"and needs a C++ compiler: {where} ({compiler!r}) is not on PATH. Install g++ (Debian/Ubuntu: "
+            f"apt install build-essential; Fedora/RHEL: dnf install gcc-c++), {without}")
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError(
+            "cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after) "
+            f"with torch.utils.cpp_extension, which needs ninja: pip install ninja, {without}")
+    if cpp_extension.CUDA_HOME is None:
+        raise RuntimeError(
+            "cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after) "
+            "with torch.utils.cpp_extension, which needs the CUDA toolkit's headers and did not find them: set "
+            f"CUDA_HOME to the toolkit (the folder with include/cuda_runtime.h), {without}")
 
 
 def _load_shim(torch):
@@ -321,8 +361,19 @@ def snapshot(include_traces: bool = True) -> dict:
     return pickle.loads(_native.snapshot_pickle(include_traces))
 
 
+NOT_THE_ALLOCATOR = (
+    "cachalot is not this process's CUDA allocator, so it has nothing to snapshot: call "
+    "cachalot_torch.enable() before the first CUDA tensor (for PyTorch's own allocator, use "
+    "torch.cuda.memory._dump_snapshot)")
+
+
 def dump_snapshot(path: str = "dump_snapshot.pickle") -> None:
     """Writes the snapshot as PyTorch's pickle (torch.cuda.memory._dump_snapshot): it opens in
-    torch.cuda._memory_viz, pytorch.org/memory_viz and `cachalot view`."""
+    torch.cuda._memory_viz, pytorch.org/memory_viz and `cachalot view`. Raises RuntimeError
+    (NOT_THE_ALLOCATOR), writing nothing, when cachalot has served no device: enable() was not
+    called and nothing called its C functions."""
+    if not _enabled and not _native.devices():
+        raise RuntimeError(NOT_THE_ALLOCATOR)
+    data = _native.snapshot_pickle(True)
     with open(path, "wb") as f:
-        f.write(_native.snapshot_pickle(True))
+        f.write(data)
