@@ -74,12 +74,24 @@ pub struct RunOptions {
 impl RunOptions {
     /// How to open the device; a bad PYTORCH_CUDA_ALLOC_CONF is refused as a bad --config is.
     pub fn device_options(&self) -> anyhow::Result<DeviceOptions> {
+        self.with_config(AllocConf::choose(self.config.as_deref())?.settings)
+    }
+
+    /// [`device_options`](Self::device_options) with the settings unchecked: for the experiments
+    /// the viewer offers, where a bad PYTORCH_CUDA_ALLOC_CONF must not stop the viewing of files
+    /// (a run started there reports it, as `cachalot run` would).
+    pub fn device_options_unchecked(&self) -> anyhow::Result<DeviceOptions> {
+        let variable = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
+        self.with_config(self.config.clone().unwrap_or(variable))
+    }
+
+    fn with_config(&self, config: String) -> anyhow::Result<DeviceOptions> {
         let backend =
             BackendRequest::parse(&self.backend).ok_or_else(|| anyhow!("unknown backend {}", self.backend))?;
         Ok(DeviceOptions {
             backend,
             device: self.device,
-            config: AllocConf::choose(self.config.as_deref())?.settings,
+            config,
             profile: self.profile.clone(),
             capacity: self.capacity,
             compute: !self.no_compute,

@@ -31,7 +31,7 @@ fn run(dir: &PathBuf, variable: Option<&str>, args: &[&str]) -> std::process::Ou
 
 /// The variable applies as in PyTorch, a bad value is refused as `--config` refuses it (naming
 /// the variable), `--config` wins over it, and the run says which it used. Without `--out`
-/// nothing is written.
+/// nothing is written. Viewing a file is not stopped by a bad variable.
 #[test]
 fn the_variable_applies_and_config_wins_over_it() {
     let dir = scratch("conf");
@@ -58,6 +58,15 @@ fn the_variable_applies_and_config_wins_over_it() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "--config wins: {}", text(&out.stderr));
     assert!(stdout.contains("allocator config: PyTorch's defaults (--config; PYTORCH_CUDA_ALLOC_CONF="), "{stdout}");
+
+    // Viewing a file runs nothing: a bad variable does not stop it.
+    let picture = dir.join("seeds.png");
+    let view = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["view", &common::trace("seeds"), "--screenshot", picture.to_str().unwrap()])
+        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:maybe")
+        .output()
+        .unwrap();
+    assert!(view.status.success(), "{}", text(&view.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
