@@ -1,7 +1,8 @@
 //! `cachalot bench [OPS...] [--backend auto|cuda|wgpu|sim] [--device N] [--reps N] [--config STR]
 //! [--each-replay]`:
-//! times op files (`shared/bench/README.md`) on cachalot's allocator and prints the median ns
-//! per op in the shape of `shared/bench/torch_alloc_bench.py` (`file allocator median ns/op`),
+//! times op files (`a ID SIZE [STREAM]`, `f ID`; `testdata/bench-ops` holds the standard ones) on
+//! cachalot's allocator and prints the median ns per op in the shape of PyTorch's reference
+//! harness, `torch_alloc_bench.py` (`file allocator median ns/op`),
 //! so the two outputs of one run on one machine compare line by line. Without files it times the
 //! standard workloads, which the repository ships (`testdata/bench-ops`).
 //!
@@ -18,7 +19,7 @@ use cachalot_trace::ops::OpFile;
 use cachalot_trace::ops::timing::{TIMED_REPLAYS, WARMUP_REPLAYS, format_line};
 
 use crate::failure::{Failure, Outcome};
-use crate::run::parse_bytes;
+use crate::run::{AllocConf, parse_bytes};
 
 /// Arguments of `cachalot bench`.
 #[derive(Clone, Debug, clap::Args)]
@@ -41,18 +42,18 @@ pub struct BenchArgs {
     // back settles in; these lines tell the hot path from those.
     #[arg(long)]
     pub each_replay: bool,
-    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: PyTorch's defaults,
-    /// as the reference harness runs).
-    #[arg(long, default_value = "")]
-    pub config: String,
+    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (default: the PYTORCH_CUDA_ALLOC_CONF
+    /// variable, as the reference harness under PyTorch reads it; unset, PyTorch's defaults).
+    #[arg(long)]
+    pub config: Option<String>,
     /// Device memory for wgpu (default 4 GiB) and the simulator (default an H200's), in bytes
     /// or with a KiB/MiB/GiB suffix.
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 }
 
-/// The standard workloads of the checkout this binary was built from (`testdata/bench-ops`,
-/// written by `shared/bench/workloads.sh`), in name order.
+/// The standard workloads of the checkout this binary was built from (`testdata/bench-ops`),
+/// in name order.
 fn standard_workloads() -> anyhow::Result<Vec<PathBuf>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/bench-ops");
     let entries = std::fs::read_dir(&dir).with_context(|| {
@@ -68,7 +69,8 @@ fn standard_workloads() -> anyhow::Result<Vec<PathBuf>> {
 
 /// Runs `cachalot bench`: the backend chosen (on stderr, with why), then one line per file.
 pub fn run(args: &BenchArgs) -> Outcome {
-    let config = AllocatorConfig::parse(&args.config).map_err(|e| anyhow!("--config '{}': {e}", args.config))?;
+    let conf = AllocConf::choose(args.config.as_deref())?;
+    let config = AllocatorConfig::parse(&conf.settings).map_err(|e| anyhow!("--config '{}': {e}", conf.settings))?;
     // Every file is read and parsed before anything is timed, so a bad file fails at once.
     let paths = if args.files.is_empty() { standard_workloads()? } else { args.files.clone() };
     let mut files = Vec::with_capacity(paths.len());
@@ -83,6 +85,13 @@ pub fn run(args: &BenchArgs) -> Outcome {
     let (target, selection) = BenchTarget::open(&options).map_err(|e| Failure::input(e.into()))?;
     for line in &selection.lines {
         eprintln!("# {line}");
+    }
+    eprintln!("# {}", conf.describe());
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "# warning: an unoptimised (debug) build: its ns/op are many times a release build's and compare with \
+             nothing; build with `cargo build --release -p cachalot-cli`"
+        );
     }
     let allocator = target.allocator_name();
     for (name, ops) in &files {

@@ -46,7 +46,10 @@ fn parse_tolerance(text: &str) -> Result<f64, String> {
 pub fn run(args: &CompareArgs) -> Outcome {
     let mut columns = Vec::with_capacity(args.runs.len());
     for path in &args.runs {
-        let mut column = load(path).map_err(|e| Failure::input(anyhow!(e)))?;
+        let mut column = load(path).map_err(|e| match path.exists() {
+            true => Failure::input(anyhow!(e)),
+            false => Failure::input(anyhow!("{e}; {}", crate::input::REFERENCE_TRACES)),
+        })?;
         // The record comes from the file, not from the user: its experiment is rerun only
         // within visible limits, or when the user asks with --rerun.
         if !args.no_verify

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use cachalot_trace::Snapshot;
+use cachalot_trace::input::InputError;
 use cachalot_trace::ops::OpFile;
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::snapshot::{FileFormat, pickle};
@@ -28,8 +29,17 @@ pub fn load(path: &Path) -> Result<Input> {
 /// [`cachalot_trace::input::max_input_bytes`]: an endless source such as `/dev/zero` or a huge file is an error naming
 /// the limit instead of a read that runs until memory is gone.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    Ok(cachalot_trace::input::read(path)?)
+    cachalot_trace::input::read(path).map_err(|e| match &e {
+        InputError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::anyhow!("{}: {}; {REFERENCE_TRACES}", path.display(), e.reason())
+        }
+        _ => e.into(),
+    })
 }
+
+/// Where a user who names a file that is not there finds files to try.
+pub const REFERENCE_TRACES: &str =
+    "PyTorch 2.11's reference traces are in testdata/traces/pytorch-2.11-h200/ of the repository";
 
 /// Parses the bytes of a file called `path`.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Input> {

@@ -4,6 +4,7 @@ mod bench;
 mod compare;
 mod failure;
 mod input;
+mod interrupt;
 mod replay;
 mod report;
 mod run;
@@ -55,7 +56,7 @@ enum Command {
     Tune(tune::TuneArgs),
     /// Run an experiment on CUDA, wgpu or the simulator: marks, memory_summary() and a snapshot.
     Run(run::RunArgs),
-    /// Time op files (shared/bench) on CUDA, wgpu or the simulator, in torch_alloc_bench.py's shape.
+    /// Time op files (testdata/bench-ops) on CUDA, wgpu or the simulator, in torch_alloc_bench.py's shape.
     Bench(bench::BenchArgs),
     /// Put runs (snapshots of `run`, PyTorch's expected.json) side by side, with the reasons they differ.
     Compare(compare::CompareArgs),

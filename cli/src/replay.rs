@@ -91,19 +91,37 @@ pub fn run(args: &ReplayArgs) -> Outcome {
     if args.out.as_ref().is_some_and(|o| args.traces.len() > 1 && !o.is_dir()) {
         return Err(Failure::input(anyhow!("--out must be an existing directory when replaying several traces")));
     }
-    let mut mismatches = 0;
+    if let [path] = &args.traces[..] {
+        return match replay_file(args, path)? {
+            true => Ok(()),
+            false => Err(Failure { status: 1, error: anyhow!("1 of 1 traces did not match") }),
+        };
+    }
+    // Several traces are a batch, as a test runner's: each gets its line (a file that cannot be
+    // read or replayed an ERROR line), and the exit status is the worst of them.
+    let (mut mismatches, mut errors) = (0, 0);
     for path in &args.traces {
-        if !replay_file(args, path)? {
-            mismatches += 1;
+        match replay_file(args, path) {
+            Ok(true) => {}
+            Ok(false) => mismatches += 1,
+            Err(failure) => {
+                errors += 1;
+                let message = format!("{:#}", failure.error);
+                match message.starts_with(&path.display().to_string()) {
+                    true => println!("ERROR {message}"),
+                    false => println!("ERROR {}: {message}", path.display()),
+                }
+            }
         }
     }
-    if mismatches > 0 {
-        return Err(Failure {
-            status: 1,
-            error: anyhow!("{mismatches} of {} traces did not match", args.traces.len()),
-        });
+    let total = args.traces.len();
+    match (errors, mismatches) {
+        (0, 0) => Ok(()),
+        (0, _) => Err(Failure { status: 1, error: anyhow!("{mismatches} of {total} traces did not match") }),
+        _ => Err(Failure::input(anyhow!(
+            "{errors} of {total} traces could not be replayed (ERROR above), {mismatches} did not match"
+        ))),
     }
-    Ok(())
 }
 
 /// Reads, replays and reports one trace; `Ok(false)` when `--check` found a difference.

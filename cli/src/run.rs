@@ -1,19 +1,23 @@
 //! `cachalot run EXPERIMENT [--backend auto|cuda|wgpu|sim] [--device N] [--config STR] [--out FILE]`:
-//! runs an experiment of `cachalot-runtime` on a device, prints which device and why, the marks,
-//! losses, checks and the final `memory_summary()`, and writes a snapshot the viewer opens and
-//! `cachalot compare` reads.
+//! runs an experiment of `cachalot-runtime` on a device, prints which device and why, the marks
+//! as the run reaches them, then losses, checks and the final `memory_summary()`, and with
+//! `--out` writes a snapshot the viewer opens and `cachalot compare` reads. Ctrl-C stops the run
+//! at its next operation and keeps the snapshot of what it did ([`crate::interrupt`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
+use cachalot_core::DeviceFacts;
 use cachalot_core::error::{format_size, group_digits};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
 use cachalot_runtime::oom_snapshots::OomSnapshots;
+use cachalot_runtime::stream::{TraceBatch, TraceSink};
 use cachalot_runtime::{
-    Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute_on, open,
+    Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, RunResult, SweepParams, execute_watched, open,
 };
 
 use crate::failure::{Failure, Outcome};
+use crate::interrupt;
 
 /// Arguments of `cachalot run`.
 #[derive(Clone, Debug, clap::Args)]
@@ -45,10 +49,12 @@ pub struct RunOptions {
     /// 0 for CUDA, the best adapter for wgpu).
     #[arg(long, global = true)]
     pub device: Option<usize>,
-    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (e.g. expandable_segments:True).
-    #[arg(long, default_value = "", global = true)]
-    pub config: String,
-    /// Where to write the snapshot (default: EXPERIMENT.BACKEND.json in the current directory).
+    /// Allocator configuration, PYTORCH_CUDA_ALLOC_CONF syntax (e.g. expandable_segments:True);
+    /// default: the PYTORCH_CUDA_ALLOC_CONF variable, as PyTorch reads it (--config wins over it).
+    #[arg(long, global = true)]
+    pub config: Option<String>,
+    /// Write the run's snapshot here (for `cachalot view` and `cachalot compare`); without it,
+    /// nothing is written.
     #[arg(long, global = true)]
     pub out: Option<PathBuf>,
     /// Simulator profile: cuda-sm90 (PyTorch 2.11 on an H100/H200: 32 MiB + 1 MiB workspaces,
@@ -66,18 +72,72 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// How to open the device.
+    /// How to open the device; a bad PYTORCH_CUDA_ALLOC_CONF is refused as a bad --config is.
     pub fn device_options(&self) -> anyhow::Result<DeviceOptions> {
+        self.with_config(AllocConf::choose(self.config.as_deref())?.settings)
+    }
+
+    /// [`device_options`](Self::device_options) with the settings unchecked: for the experiments
+    /// the viewer offers, where a bad PYTORCH_CUDA_ALLOC_CONF must not stop the viewing of files
+    /// (a run started there reports it, as `cachalot run` would).
+    pub fn device_options_unchecked(&self) -> anyhow::Result<DeviceOptions> {
+        let variable = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
+        self.with_config(self.config.clone().unwrap_or(variable))
+    }
+
+    fn with_config(&self, config: String) -> anyhow::Result<DeviceOptions> {
         let backend =
             BackendRequest::parse(&self.backend).ok_or_else(|| anyhow!("unknown backend {}", self.backend))?;
         Ok(DeviceOptions {
             backend,
             device: self.device,
-            config: self.config.clone(),
+            config,
             profile: self.profile.clone(),
             capacity: self.capacity,
             compute: !self.no_compute,
         })
+    }
+}
+
+/// The allocator settings a command runs with, and where they came from: `--config` wins over
+/// the `PYTORCH_CUDA_ALLOC_CONF` variable, which PyTorch users set for the same purpose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocConf {
+    /// The settings (`PYTORCH_CUDA_ALLOC_CONF` syntax; empty: PyTorch's defaults).
+    pub settings: String,
+    /// Where they came from, for the line that says so.
+    pub source: String,
+}
+
+impl AllocConf {
+    /// The settings of `--config` (`flag`), else of the variable. The variable's are checked
+    /// here, so a bad value is refused with the error a bad `--config` gets where the device
+    /// opens, naming the variable.
+    pub fn choose(flag: Option<&str>) -> anyhow::Result<Self> {
+        Self::from_sources(flag, std::env::var("PYTORCH_CUDA_ALLOC_CONF").ok().as_deref())
+    }
+
+    fn from_sources(flag: Option<&str>, variable: Option<&str>) -> anyhow::Result<Self> {
+        let variable = variable.filter(|v| !v.is_empty());
+        let (settings, source) = match (flag, variable) {
+            (Some(flag), Some(variable)) if flag != variable => {
+                (flag, format!("--config; PYTORCH_CUDA_ALLOC_CONF={variable} is not used: --config wins over it"))
+            }
+            (Some(flag), _) => (flag, "--config".to_owned()),
+            (None, Some(variable)) => {
+                cachalot_runtime::select::parse_config(variable)
+                    .map_err(|e| anyhow!("{e} (from the PYTORCH_CUDA_ALLOC_CONF variable; --config wins over it)"))?;
+                (variable, "the PYTORCH_CUDA_ALLOC_CONF variable".to_owned())
+            }
+            (None, None) => ("", "no --config, PYTORCH_CUDA_ALLOC_CONF unset".to_owned()),
+        };
+        Ok(AllocConf { settings: settings.to_owned(), source })
+    }
+
+    /// `allocator config: SETTINGS (SOURCE)`.
+    pub fn describe(&self) -> String {
+        let settings = if self.settings.is_empty() { "PyTorch's defaults" } else { &self.settings };
+        format!("allocator config: {settings} ({})", self.source)
     }
 }
 
@@ -92,7 +152,7 @@ pub enum ExperimentCommand {
     MlpTrain(MlpArgs),
     /// Matrix products over a range of shapes, every result read back and checked.
     MatmulSweep(SweepArgs),
-    /// An op file of shared/bench/ (`a ID SIZE [STREAM]`, `f ID`) as allocations, no kernels.
+    /// An op file (`a ID SIZE [STREAM]`, `f ID`; testdata/bench-ops has some) as allocations, no kernels.
     Ops {
         /// The op file.
         file: PathBuf,
@@ -224,10 +284,14 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
     })
 }
 
-/// Runs the command. Exit status 1 when the experiment stops or a check fails (the snapshot is
-/// written either way), 2 when the device cannot be opened or the input is bad.
+/// Runs the command: says which device and why, prints each mark as the run reaches it, then
+/// what the run found and `memory_summary()`, and writes the snapshot where `--out` says. Exit
+/// status 1 when the experiment stops or a check fails (the snapshot is written either way), 2
+/// when the device cannot be opened or the input is bad, 130 after Ctrl-C (which keeps the
+/// snapshot of the run so far).
 pub fn run(args: &RunArgs) -> Outcome {
     let experiment = experiment(&args.experiment).map_err(Failure::input)?;
+    let conf = AllocConf::choose(args.run.config.as_deref()).map_err(Failure::input)?;
     let options = args.run.device_options().map_err(Failure::input)?;
     let name = experiment.name();
     let dumps = match &args.oom_snapshot {
@@ -240,32 +304,25 @@ pub fn run(args: &RunArgs) -> Outcome {
     if let Some(dumps) = &dumps {
         device.held_mut().attach_oom_observer(dumps.observer());
     }
-    let result = execute_on(&experiment, device, selection);
+
+    // The device first: a run on a slow device takes a while before its first mark.
+    println!("{name} on {}", selection.backend.name());
+    for line in &selection.lines {
+        println!("  {line}");
+    }
+    println!("  streams: {}", device.discipline().describe());
+    println!("  {}", conf.describe());
+    interrupt::catch_first();
+    let result = execute_watched(&experiment, device, selection, Box::new(MarkPrinter::default()));
     if let Some(error) = dumps.as_ref().and_then(OomSnapshots::first_error) {
         return Err(Failure::input(anyhow!(error)));
     }
     let record = &result.record;
-
-    println!("{} on {}", experiment.name(), record.backend.name());
-    for line in &record.selection {
-        println!("  {line}");
+    let out = args.run.out.as_deref();
+    if record.error.is_some() && interrupt::requested() {
+        return interrupted(&result, out);
     }
-    println!("  streams: {}", record.discipline.describe());
 
-    if !result.marks.is_empty() {
-        println!("\nmarks (as torch.cuda.memory_allocated() / memory_reserved() would read)");
-        let width = result.marks.iter().map(|m| m.label.len()).max().unwrap_or(4);
-        for m in &result.marks {
-            println!(
-                "  {:<width$}  allocated {:>15} ({:>10})   reserved {:>15} ({:>10})",
-                m.label,
-                group_digits(m.allocated),
-                format_size(m.allocated),
-                group_digits(m.reserved),
-                format_size(m.reserved)
-            );
-        }
-    }
     let outcome = &record.outcome;
     if record.computes && !outcome.losses.is_empty() {
         println!("\nloss per step");
@@ -289,18 +346,18 @@ pub fn run(args: &RunArgs) -> Outcome {
 
     println!("\n{}", result.summary.trim_end());
 
-    let out = args
-        .run
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("{}.{}.json", experiment.name(), record.backend.name())));
-    std::fs::write(&out, result.snapshot.to_json())
-        .with_context(|| format!("writing {}", out.display()))
-        .map_err(Failure::input)?;
-    println!(
-        "\nsnapshot: {} (open it with `cachalot view`, put runs side by side with `cachalot compare`)",
-        out.display()
-    );
+    match out {
+        Some(out) => {
+            write_snapshot(out, &result)?;
+            println!(
+                "\nsnapshot: {} (open it with `cachalot view`, put runs side by side with `cachalot compare`)",
+                out.display()
+            );
+        }
+        None => println!(
+            "\nno snapshot written: add --out FILE.json to keep one for `cachalot view` and `cachalot compare`"
+        ),
+    }
     if let (Some(dumps), Some(dir)) = (&dumps, &args.oom_snapshot) {
         println!("out-of-memory snapshots: {} in {}", dumps.written(), dir.display());
     }
@@ -314,9 +371,102 @@ pub fn run(args: &RunArgs) -> Outcome {
     Ok(())
 }
 
+/// After Ctrl-C: what the run did before it stopped, and the snapshot of that part.
+fn interrupted(result: &RunResult, out: Option<&Path>) -> Outcome {
+    let snapshot = &result.snapshot;
+    let last = snapshot.marks.last().map_or_else(String::new, |m| format!(", the last {}", m.label));
+    println!(
+        "\ninterrupted: {} stopped after {} marks{last} and {} allocator events (peak allocated {} B, peak \
+         reserved {} B)",
+        result.record.experiment.name(),
+        snapshot.marks.len(),
+        snapshot.trace.len(),
+        group_digits(snapshot.stats.max_memory_allocated()),
+        group_digits(snapshot.stats.max_memory_reserved()),
+    );
+    match out {
+        Some(out) => {
+            write_snapshot(out, result)?;
+            println!("snapshot of the run so far: {}", out.display());
+        }
+        None => println!("no snapshot written: add --out FILE.json to keep one"),
+    }
+    Err(Failure { status: 130, error: anyhow!("interrupted (Ctrl-C)") })
+}
+
+/// Writes the run's snapshot to `out` whole or not at all: into a file beside it, then renamed
+/// over it, so an interrupted or failed write never leaves half a snapshot under that name.
+fn write_snapshot(out: &Path, result: &RunResult) -> Result<(), Failure> {
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let partial = out.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    std::fs::write(&partial, result.snapshot.to_json()).and_then(|()| std::fs::rename(&partial, out)).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        Failure::input(anyhow!("writing {}: {e}", out.display()))
+    })
+}
+
+/// Prints each mark as the run reaches it, and asks the run to stop after Ctrl-C.
+#[derive(Default)]
+struct MarkPrinter {
+    printed: usize,
+}
+
+/// The width of a mark's label column: the labels of the experiments fit (`256x256x256 nn`).
+const LABEL_WIDTH: usize = 14;
+
+impl TraceSink for MarkPrinter {
+    fn begin(&mut self, _device: &DeviceFacts, _settings: &str) {}
+
+    fn deliver(&mut self, batch: TraceBatch) {
+        for m in &batch.marks {
+            if self.printed == 0 {
+                println!("\nmarks (as torch.cuda.memory_allocated() / memory_reserved() would read)");
+            }
+            self.printed += 1;
+            println!(
+                "  {:<LABEL_WIDTH$}  allocated {:>15} ({:>10})   reserved {:>15} ({:>10})",
+                m.label,
+                group_digits(m.allocated),
+                format_size(m.allocated),
+                group_digits(m.reserved),
+                format_size(m.reserved)
+            );
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        interrupt::requested()
+    }
+
+    fn wants_trace(&self) -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_wins_over_the_variable_and_a_bad_variable_is_refused() {
+        let chosen = |flag, variable| AllocConf::from_sources(flag, variable).map(|c| c.settings);
+        assert_eq!(chosen(None, None).unwrap(), "");
+        assert_eq!(chosen(None, Some("")).unwrap(), "", "an empty variable is PyTorch's defaults");
+        assert_eq!(chosen(None, Some("expandable_segments:True")).unwrap(), "expandable_segments:True");
+        assert_eq!(
+            chosen(Some("max_split_size_mb:64"), Some("expandable_segments:True")).unwrap(),
+            "max_split_size_mb:64"
+        );
+        assert_eq!(
+            chosen(Some(""), Some("expandable_segments:maybe")).unwrap(),
+            "",
+            "--config wins, unchecked variable"
+        );
+        let error = chosen(None, Some("expandable_segments:maybe")).unwrap_err().to_string();
+        assert!(error.contains("'expandable_segments:maybe'") && error.contains("PYTORCH_CUDA_ALLOC_CONF"), "{error}");
+        let ignored = AllocConf::from_sources(Some("x:1"), Some("expandable_segments:True")).unwrap();
+        assert!(ignored.describe().contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not used"));
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -81,6 +81,17 @@ pub fn run(args: &TuneArgs) -> Outcome {
 
 /// Reads a trace and runs the search on it.
 fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
+    if let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".expected.json")) {
+        let pickle = path.with_file_name(format!("{stem}.pickle"));
+        let advice = match pickle.exists() {
+            true => format!("tune the trace beside it: cachalot tune {}", pickle.display()),
+            false => format!("tune the trace it was recorded with ({stem}.pickle, which is not beside it)"),
+        };
+        return Err(Failure::input(anyhow!(
+            "{}: PyTorch's record of a run's stats and settings, not its trace; {advice}",
+            path.display()
+        )));
+    }
     let Input::Torch(snapshot) = load(path)? else {
         return Err(Failure::input(anyhow!("{}: not a PyTorch snapshot pickle", path.display())));
     };
@@ -167,8 +178,12 @@ fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
     }
     println!();
     print_winner(tuning);
+    print_fraction(tuning, &tuning.winner().settings, args.device_total.is_some());
     if args.device_total.is_some() || !tuning.winner().fits() {
         print_fit(tuning);
+        if let Some(best) = tuning.best_fitting().filter(|best| best.settings != tuning.winner().settings) {
+            print_fraction(tuning, &best.settings, args.device_total.is_some());
+        }
     }
     if let Some(own) = &tuning.own_policy {
         print_own_policy(own, tuning.winner());
@@ -229,6 +244,37 @@ fn print_winner(tuning: &Tuning) {
     if winner.device_calls() != baseline.device_calls() {
         println!("  device allocations and frees: {} instead of {}", winner.device_calls(), baseline.device_calls());
     }
+}
+
+/// A `per_process_memory_fraction` of `settings` in bytes: a fraction means something only on
+/// a device of the size it was found for, the trace's unless `--device-total` (`given`) names
+/// the user's.
+fn print_fraction(tuning: &Tuning, settings: &str, given: bool) {
+    let Some((text, fraction)) = fraction_of(settings) else { return };
+    let total = tuning.device_total;
+    // PyTorch's allowance: the fraction of the device's total, truncated to bytes.
+    let allowed = (fraction * total as f64) as u64;
+    let device = format!("{} B ({})", group_digits(total), format_size(total));
+    let cap = format!(
+        "per_process_memory_fraction:{text} caps reserved memory at {} B ({})",
+        group_digits(allowed),
+        format_size(allowed)
+    );
+    match given {
+        true => println!("  {cap}: that fraction of the device of --device-total, {device}"),
+        false => println!(
+            "  {cap} of the trace's device, {device}; on a device of another size the same cap is another \
+             fraction: give that device's size with --device-total"
+        ),
+    }
+}
+
+/// The `per_process_memory_fraction` of a `PYTORCH_CUDA_ALLOC_CONF` string, if it sets one.
+fn fraction_of(settings: &str) -> Option<(&str, f64)> {
+    settings.split(',').find_map(|entry| {
+        let text = entry.trim().strip_prefix("per_process_memory_fraction:")?.trim();
+        Some((text, text.parse().ok()?))
+    })
 }
 
 /// Bytes saved (negative: added) going from `before` to `after`, and that in percent of `before`.

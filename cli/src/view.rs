@@ -254,7 +254,7 @@ pub fn run(args: &ViewArgs) -> Outcome {
         Failure::input(anyhow!("--view {}: expected one of {}", args.view, names.join(", ")))
     })?;
     let live = live_experiment(args).map_err(Failure::input)?;
-    let device_options = args.run_options.device_options().map_err(Failure::input)?;
+    let device_options = args.run_options.device_options_unchecked().map_err(Failure::input)?;
     let mut app = ViewerApp::new();
     if let Some(live) = &live {
         app = app.with_experiments(vec![Box::new(live.clone())]);

@@ -81,10 +81,15 @@ pub struct Selection {
     pub lines: Vec<String>,
 }
 
+/// Parses an allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) with the error
+/// [`open`] gives for it, so a caller can check one before opening anything.
+pub fn parse_config(text: &str) -> Result<AllocatorConfig, RuntimeError> {
+    AllocatorConfig::parse(text).map_err(|e| RuntimeError::Parameters(format!("allocator config '{text}': {e}")))
+}
+
 /// Opens the device `options` ask for.
 pub fn open(options: &DeviceOptions) -> Result<(Box<dyn Device>, Selection), RuntimeError> {
-    let config = AllocatorConfig::parse(&options.config)
-        .map_err(|e| RuntimeError::Parameters(format!("allocator config '{}': {e}", options.config)))?;
+    let config = parse_config(&options.config)?;
     if options.profile.is_some() && !matches!(options.backend, BackendRequest::Sim | BackendRequest::Auto) {
         return Err(RuntimeError::Parameters("--profile applies to the simulator only (--backend sim)".into()));
     }

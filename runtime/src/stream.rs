@@ -56,6 +56,11 @@ pub trait TraceSink {
     fn stop_requested(&self) -> bool {
         false
     }
+    /// Whether batches carry the trace entries and stacks; a watcher that reads only the marks
+    /// (a command line printing them as they come) says no, and the run copies no entries for it.
+    fn wants_trace(&self) -> bool {
+        true
+    }
 }
 
 /// A sink and how much of the allocator's history it has seen.
@@ -106,14 +111,19 @@ impl Watcher {
     /// Hands the sink everything it has not seen yet.
     pub(crate) fn deliver(&mut self, allocator: &dyn Allocator) {
         let stacks = allocator.contexts().stacks();
-        let batch = TraceBatch {
-            stacks: stacks[self.stacks_sent.min(stacks.len())..]
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (ContextId((self.stacks_sent + i) as u32), s.to_vec()))
-                .collect(),
-            entries: allocator.trace_since(self.entries_sent),
-            marks: allocator.marks()[self.marks_sent.min(allocator.marks().len())..].to_vec(),
+        let marks = allocator.marks()[self.marks_sent.min(allocator.marks().len())..].to_vec();
+        let batch = if self.sink.wants_trace() {
+            TraceBatch {
+                stacks: stacks[self.stacks_sent.min(stacks.len())..]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (ContextId((self.stacks_sent + i) as u32), s.to_vec()))
+                    .collect(),
+                entries: allocator.trace_since(self.entries_sent),
+                marks,
+            }
+        } else {
+            TraceBatch { marks, ..TraceBatch::default() }
         };
         self.stacks_sent = stacks.len();
         self.entries_sent = allocator.trace_len_total();
@@ -139,6 +149,7 @@ mod tests {
         batches: Rc<RefCell<Vec<TraceBatch>>>,
         began: Rc<RefCell<bool>>,
         stop_after: Option<usize>,
+        marks_only: bool,
     }
 
     impl TraceSink for Collect {
@@ -150,6 +161,9 @@ mod tests {
         }
         fn stop_requested(&self) -> bool {
             self.stop_after.is_some_and(|n| self.batches.borrow().len() >= n)
+        }
+        fn wants_trace(&self) -> bool {
+            !self.marks_only
         }
     }
 
@@ -192,5 +206,19 @@ mod tests {
         let delivered: usize = sink.batches.borrow().iter().map(|b| b.entries.len()).sum();
         assert_eq!(delivered, result.snapshot.trace.len(), "the frees of the unwound tensors arrive too");
         assert!(result.snapshot.marks.len() < 50, "it stopped early: {} marks", result.snapshot.marks.len());
+    }
+
+    #[test]
+    fn a_watcher_of_marks_gets_every_mark_and_no_entries() {
+        let experiment = Experiment::MlpTrain(MlpParams { steps: 4, ..MlpParams::default() });
+        let sink = Collect { marks_only: true, ..Default::default() };
+        let (device, selection) = select::open(&sim()).unwrap();
+        let watched = execute_watched(&experiment, device, selection, Box::new(sink.clone()));
+        let batches = sink.batches.borrow();
+        let marks: Vec<Mark> = batches.iter().flat_map(|b| b.marks.iter().cloned()).collect();
+        assert_eq!(marks, watched.snapshot.marks);
+        assert!(!marks.is_empty());
+        assert!(batches.iter().all(|b| b.entries.is_empty() && b.stacks.is_empty() && !b.marks.is_empty()));
+        assert!(!watched.snapshot.trace.is_empty(), "the run's own history stays whole");
     }
 }

@@ -286,8 +286,12 @@ fn show(ui: &mut egui::Ui, comparison: &Comparison) {
         ui.colored_label(
             ui.visuals().warn_fg_color,
             format!(
-                "{} mark difference(s) without a known reason, {} loss step(s) over tolerance, {} run(s) stopped or failed checks",
-                verdict.unexplained, verdict.loss_failures, verdict.failed_runs
+                "{} mark difference(s) without a known reason, {} run(s) whose stats or events differ without one, \
+                 {} loss step(s) over tolerance, {} run(s) stopped or failed checks",
+                verdict.unexplained,
+                verdict.unexplained_runs.len(),
+                verdict.loss_failures,
+                verdict.failed_runs
             ),
         );
     }

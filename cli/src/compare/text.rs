@@ -26,17 +26,35 @@ pub fn render(comparison: &Comparison) -> String {
         events_section(&comparison.columns, events, &mut out);
     }
     limits_section(comparison, &mut out);
-    let verdict = comparison.verdict;
-    let verdict = if verdict.ok() {
-        "every difference has a known reason".to_owned()
-    } else {
-        format!(
-            "{} unexplained mark difference(s), {} loss step(s) over tolerance, {} run(s) stopped or failed checks",
-            verdict.unexplained, verdict.loss_failures, verdict.failed_runs
-        )
-    };
-    let _ = writeln!(out, "\nverdict: {verdict}");
+    let _ = writeln!(out, "\nverdict: {}", verdict(comparison));
     out
+}
+
+/// What the verdict counts, in words: only differences listed above with their reasons are
+/// "known".
+fn verdict(comparison: &Comparison) -> String {
+    let verdict = &comparison.verdict;
+    if verdict.ok() {
+        return "every difference has a known reason".to_owned();
+    }
+    let counts = [
+        (verdict.unexplained, "unexplained mark difference(s)"),
+        (verdict.loss_failures, "loss step(s) over tolerance"),
+        (verdict.failed_runs, "run(s) stopped or failed checks"),
+    ];
+    let mut parts: Vec<String> = counts.iter().filter(|(n, _)| *n > 0).map(|(n, what)| format!("{n} {what}")).collect();
+    for &run in &verdict.unexplained_runs {
+        let why = match comparison.columns.get(run).and_then(|c| c.experiment.as_ref()) {
+            None => "it names no experiment the simulator could rerun to test why",
+            Some(_) => "the simulator did not reproduce both runs' events with their own factors",
+        };
+        parts.push(format!(
+            "{}'s stats at the end or allocator events differ from {}'s with no reason found ({why})",
+            letter(run),
+            letter(0)
+        ));
+    }
+    parts.join("; ")
 }
 
 /// The letter of run `i`.
@@ -449,7 +467,7 @@ loss per step (relative difference to A, tolerance 1e-3)
   2                                 —                 0.500000
   B vs A: largest relative difference 1.00e-2: DISAGREE
 
-verdict: 1 unexplained mark difference(s), 1 loss step(s) over tolerance, 0 run(s) stopped or failed checks
+verdict: 1 unexplained mark difference(s); 1 loss step(s) over tolerance
 ";
         assert!(text.ends_with(expected), "{text}");
     }

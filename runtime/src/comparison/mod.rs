@@ -31,6 +31,8 @@ mod tables;
 
 use std::future::Future;
 
+use cachalot_trace::normalized::EventDiff;
+
 pub use columns::{Column, Factors, MarkValue, from_expected_json, from_snapshot, load};
 pub use events::{EventComparisons, EventPair, Reproduction};
 pub use explain::{
@@ -67,10 +69,15 @@ pub struct RunDifference {
 }
 
 /// The counts the verdict is made of.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     /// Mark differences no reason accounts for.
     pub unexplained: usize,
+    /// Runs (indices into [`Comparison::columns`]) whose stats at the end or allocator events
+    /// differ from the baseline's while no reason accounts for them: their events were not
+    /// both reproduced by the simulator with the runs' own factors, and their marks were not
+    /// explained factor by factor (a PyTorch pickle, say, names no experiment to rerun).
+    pub unexplained_runs: Vec<usize>,
     /// Loss steps over the tolerance.
     pub loss_failures: usize,
     /// Runs that stopped with an error, plus runs with failed checks.
@@ -80,7 +87,36 @@ pub struct Verdict {
 impl Verdict {
     /// Whether nothing is unexplained, losses agree and every run finished with its checks.
     pub fn ok(&self) -> bool {
-        self.unexplained == 0 && self.loss_failures == 0 && self.failed_runs == 0
+        self.unexplained == 0 && self.unexplained_runs.is_empty() && self.loss_failures == 0 && self.failed_runs == 0
+    }
+}
+
+/// Whether run `column`'s differences beyond its marks (stats at the end, allocator events) from
+/// the baseline's are unexplained: they differ, and neither a reason for the events (the same
+/// decisions with free completions moved, or both runs reproduced by the simulator with their
+/// own factors) nor a verified explanation of every mark accounts for them.
+fn differs_without_reason(
+    column: usize,
+    stats: &[StatRow],
+    events: Option<&EventComparisons>,
+    differences: &[RunDifference],
+) -> bool {
+    let stats_differ = stats
+        .iter()
+        .any(|row| matches!((row.values.first(), row.values.get(column)), (Some(Some(a)), Some(Some(b))) if a != b));
+    let pair = events.and_then(|e| e.pairs.iter().find(|p| p.first == 0 && p.second == column));
+    let events_accounted = pair.map(|p| match p.diff {
+        EventDiff::Identical { .. } | EventDiff::FreeCompletionOnly { .. } => true,
+        EventDiff::Differ { .. } => p.both_reproduced,
+    });
+    let marks_verified = differences
+        .iter()
+        .find(|d| d.column == column)
+        .is_some_and(|d| matches!(&d.explanation, Explanation::Tested(test) if test.unexplained.is_empty()));
+    match events_accounted {
+        Some(false) => true,
+        Some(true) => false,
+        None => stats_differ && !marks_verified,
     }
 }
 
@@ -146,19 +182,23 @@ where
         }
     }
     let losses = losses::compare_losses(&columns, options.loss_tolerance);
+    let events = events::compare_events(&columns, options.verify, &mut pause).await;
+    let stats = tables::stat_rows(&columns);
     let verdict = Verdict {
         unexplained: differences.iter().map(|d: &RunDifference| d.explanation.unexplained().len()).sum(),
+        unexplained_runs: (1..columns.len())
+            .filter(|&i| differs_without_reason(i, &stats, events.as_ref(), &differences))
+            .collect(),
         loss_failures: losses.as_ref().map_or(0, |l| l.failures),
         failed_runs: columns
             .iter()
             .map(|c| usize::from(c.error.is_some()) + usize::from(c.failed_checks().next().is_some()))
             .sum(),
     };
-    let events = events::compare_events(&columns, options.verify, &mut pause).await;
     Comparison {
         marks: tables::mark_rows(&columns),
         differences,
-        stats: tables::stat_rows(&columns),
+        stats,
         timings: tables::timing_rows(&columns),
         losses,
         events,

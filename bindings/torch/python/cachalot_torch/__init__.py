@@ -18,6 +18,10 @@ The history records each allocation's Python stack (``context``/``stacks`` as Py
 Private pools (CUDA graph capture, ``torch.cuda.MemPool`` with ``use_mem_pool``) and
 ``torch.backends.cudnn.benchmark`` reach cachalot through the C++ shim. Without the shim
 (``shim=False``) they are refused with a RuntimeError (``PRIVATE_POOL_ERROR``).
+
+The first ``enable()`` builds a small C++ shim against the installed torch (once; cached): it
+needs a C++ compiler (g++: ``apt install build-essential``), ninja (``pip install ninja``) and
+the CUDA toolkit's headers, and says which is missing before it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import ctypes
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 
 from . import _native
@@ -34,6 +39,7 @@ __all__ = [
     "enable",
     "is_enabled",
     "cuda_status",
+    "CUDA_NOT_USABLE",
     "memory_allocated",
     "memory_reserved",
     "max_memory_allocated",
@@ -50,6 +56,7 @@ __all__ = [
     "PATCHED_TORCH_FUNCTIONS",
     "PRIVATE_POOL_ERROR",
     "SHIM_FUNCTIONS",
+    "NOT_THE_ALLOCATOR",
 ]
 
 # The Rust library's functions the C++ shim calls, in the order of its `Functions` struct.
@@ -89,9 +96,17 @@ PATCHED_TORCH_FUNCTIONS = (
 _enabled = False
 
 
+CUDA_NOT_USABLE = "CUDA is not usable here: "
+
+
 def cuda_status(device: int = 0) -> str:
-    """Describes CUDA device `device`, or raises RuntimeError saying why CUDA is not usable."""
-    return _native.cuda_status(device)
+    """Describes CUDA device `device` ("CUDA device 0: NVIDIA H200 (139.8 GiB, ...)"), or says why
+    CUDA is not usable: then the text starts with CUDA_NOT_USABLE (no libcuda, no such device).
+    It never raises for a missing GPU."""
+    try:
+        return _native.cuda_status(device)
+    except RuntimeError as e:
+        return f"{CUDA_NOT_USABLE}{e}"
 
 
 def is_enabled() -> bool:
@@ -124,10 +139,7 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
     except ImportError as e:
         raise RuntimeError("cachalot_torch.enable() needs PyTorch (with CUDA) installed") from e
     if not torch.cuda.is_available():
-        try:
-            reason = _native.cuda_status(0)
-        except RuntimeError as e:
-            reason = str(e)
+        reason = cuda_status(0)
         raise RuntimeError(
             f"cachalot_torch: CUDA is not available, so there is no CUDA allocator to replace "
             f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}; "
@@ -136,6 +148,8 @@ def enable(config: str | None = None, *, snapshot_on_oom: str | None = None, pat
         raise RuntimeError(
             "cachalot_torch.enable() must run before the first CUDA tensor: PyTorch cannot replace an "
             "allocator it has already initialized")
+    if shim:
+        _check_shim_tools()
     settings = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if config is None else config
     _native.configure(settings, None, snapshot_on_oom)
     addresses = _native.function_addresses()
@@ -178,6 +192,30 @@ def _refuse_private_pools(torch) -> None:
 
     torch.cuda.CUDAGraph.capture_begin = capture_begin
     torch.cuda.MemPool.__init__ = mem_pool
+
+
+def _check_shim_tools() -> None:
+    """What building the shim needs, checked before torch.utils.cpp_extension fails deep inside:
+    a C++ compiler, ninja, and the CUDA toolkit torch's extension builder finds (CUDA_HOME)."""
+    from torch.utils import cpp_extension
+
+    without = "or call enable(shim=False), which needs none of it but loses record_stream and raised OOMs"
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        where = "$CXX" if os.environ.get("CXX") else "c++"
+        raise RuntimeError(
+            f"cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after), "
+            f"and needs a C++ compiler: {where} ({compiler!r}) is not on PATH. Install g++ (Debian/Ubuntu: "
+            f"apt install build-essential; Fedora/RHEL: dnf install gcc-c++), {without}")
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError(
+            "cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after) "
+            f"with torch.utils.cpp_extension, which needs ninja: pip install ninja, {without}")
+    if cpp_extension.CUDA_HOME is None:
+        raise RuntimeError(
+            "cachalot_torch.enable() builds a small C++ shim against this torch the first time (cached after) "
+            "with torch.utils.cpp_extension, which needs the CUDA toolkit's headers and did not find them: set "
+            f"CUDA_HOME to the toolkit (the folder with include/cuda_runtime.h), {without}")
 
 
 def _load_shim(torch):
@@ -343,8 +381,19 @@ def snapshot(include_traces: bool = True) -> dict:
     return pickle.loads(_native.snapshot_pickle(include_traces))
 
 
+NOT_THE_ALLOCATOR = (
+    "cachalot is not this process's CUDA allocator, so it has nothing to snapshot: call "
+    "cachalot_torch.enable() before the first CUDA tensor (for PyTorch's own allocator, use "
+    "torch.cuda.memory._dump_snapshot)")
+
+
 def dump_snapshot(path: str = "dump_snapshot.pickle") -> None:
     """Writes the snapshot as PyTorch's pickle (torch.cuda.memory._dump_snapshot): it opens in
-    torch.cuda._memory_viz, pytorch.org/memory_viz and `cachalot view`."""
+    torch.cuda._memory_viz, pytorch.org/memory_viz and `cachalot view`. Raises RuntimeError
+    (NOT_THE_ALLOCATOR), writing nothing, when cachalot has served no device: enable() was not
+    called and nothing called its C functions."""
+    if not _enabled and not _native.devices():
+        raise RuntimeError(NOT_THE_ALLOCATOR)
+    data = _native.snapshot_pickle(True)
     with open(path, "wb") as f:
-        f.write(_native.snapshot_pickle(True))
+        f.write(data)
