@@ -108,13 +108,14 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
     /// Replays the whole trace, calling `progress(done, total)` now and then; the outcome's
     /// `calls` are left empty (they went to the sink).
     pub(super) fn run(mut self, mut progress: impl FnMut(usize, usize)) -> Result<ReplayOutcome, ReplayError> {
-        let len = self.trace.len();
+        let trace = self.trace;
+        let len = trace.len();
         let mut i = 0;
-        while i < len {
+        while let Some(e) = trace.get(i) {
             if i % 65_536 == 0 {
                 progress(i, len);
             }
-            i += self.step(i)?;
+            i += self.step(i, e)?;
         }
         progress(len, len);
         self.allocator.set_context(None);
@@ -131,21 +132,19 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         })
     }
 
-    /// Replays entry `i` (and those after it that its call accounts for); returns how many
-    /// entries that was, at least one.
-    fn step(&mut self, i: usize) -> Result<usize, ReplayError> {
-        let trace = self.trace;
-        let e = &trace[i];
+    /// Replays entry `i`, `e` (and those after it that its call accounts for); returns how
+    /// many entries that was, at least one.
+    fn step(&mut self, i: usize, e: &TraceEntry) -> Result<usize, ReplayError> {
         self.allocator.backend_mut().set_time_us(e.time_us);
         self.allocator.set_context(e.context);
         self.allocator.set_annotation_id(e.annotation);
         Ok(match e.action {
-            TraceAction::Alloc => self.alloc(i),
-            TraceAction::FreeRequested => self.free_requested(i)?,
+            TraceAction::Alloc => self.alloc(i, e),
+            TraceAction::FreeRequested => self.free_requested(i, e.addr)?,
             TraceAction::FreeCompleted => self.free_completed(i)?,
             TraceAction::SegmentAlloc | TraceAction::SegmentMap => self.segment_alloc_or_map(i),
             TraceAction::SegmentFree | TraceAction::SegmentUnmap => self.segment_free_or_unmap(i),
-            TraceAction::Oom => self.oom(i),
+            TraceAction::Oom => self.oom(i, e),
             TraceAction::Snapshot => self.snapshot_mark(i)?,
         })
     }
@@ -155,9 +154,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
     }
 
     /// An `alloc`: the program's malloc, which must get the address PyTorch's got.
-    fn alloc(&mut self, i: usize) -> usize {
-        let trace = self.trace;
-        let e = &trace[i];
+    fn alloc(&mut self, i: usize, e: &TraceEntry) -> usize {
         self.sink.call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: false });
         match self.allocator.malloc(e.size, e.stream) {
             Ok(a) => {
@@ -181,8 +178,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
 
     /// A `free_requested`: the program's free, after `record_stream` on a stream of the
     /// replay's own where the free completed later (or never).
-    fn free_requested(&mut self, i: usize) -> Result<usize, ReplayError> {
-        let addr = self.trace[i].addr;
+    fn free_requested(&mut self, i: usize, addr: u64) -> Result<usize, ReplayError> {
         let waits_for = self.deferred.stream_of_request(i);
         let Some((allocation, malloc)) = self.live.remove(&addr) else {
             if let Some(malloc) = self.refused.remove(&addr) {
@@ -298,9 +294,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
     /// An `oom`: the program's malloc that PyTorch could not serve, made on a device that
     /// reports the free memory PyTorch's driver reported, with the VA reservations the failure
     /// makes placed where the trace later shows them. It must fail as PyTorch's did.
-    fn oom(&mut self, i: usize) -> usize {
-        let trace = self.trace;
-        let e = &trace[i];
+    fn oom(&mut self, i: usize, e: &TraceEntry) -> usize {
         self.allocator.backend_mut().set_free_memory_override(Some(e.addr));
         self.sink.call(ReplayCall::Malloc { index: i, size: e.size, stream: e.stream, recorded_oom: true });
         // The malloc's first step, taken before asking what it reserves (the plan takes the

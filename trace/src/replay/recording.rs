@@ -57,6 +57,7 @@ impl DeferredFrees {
 
     /// Whether the free requested at entry `request` completed later, if at all: `Some` with
     /// the stream whose work it waits for (one that never ends for a free never completed).
+    #[inline]
     pub(super) fn stream_of_request(&self, request: usize) -> Option<StreamId> {
         self.requested.get(&request).map(|completion| completion.map_or(StreamId(u64::MAX), synthetic_stream))
     }
@@ -64,6 +65,7 @@ impl DeferredFrees {
     /// For the `free_completed` entry `completion` of a deferred free: the index of its
     /// `free_requested` entry and the stream whose work it waited for; `None` for a free that
     /// completed at once.
+    #[inline]
     pub(super) fn completion(&self, completion: usize) -> Option<(usize, StreamId)> {
         self.completed.get(&completion).map(|&request| (request, synthetic_stream(completion)))
     }
