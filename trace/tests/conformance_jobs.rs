@@ -1,0 +1,34 @@
+//! The proof set of real PyTorch jobs (`scripts/dev/torch-jobs.py`: AMP with a grad scaler,
+//! activation checkpointing, a training step captured in a CUDA graph, torch.compile's
+//! `reduce-overhead` training and inference, cuDNN autotuning, MemPool, a ragged inference
+//! server, mixture-of-experts dispatch, FSDP2 on one rank), each captured with PyTorch 2.11's own
+//! allocator on an H200 (`testdata/conformance/jobs`): each must replay to exactly what PyTorch
+//! recorded (segment events, final segments, every `memory_stats()` key, `memory_summary()`), the
+//! private-pool calls made where the job listed them.
+
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
+use std::path::PathBuf;
+
+use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+
+mod common;
+
+#[test]
+fn every_job_of_the_proof_set_matches_pytorch() {
+    let traces = common::pickles_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/jobs"));
+    let names: Vec<String> =
+        traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    for job in ["amp_gpt", "checkpointing", "cudnn_autotune", "mempool", "moe", "ragged_server", "fsdp2_world1"] {
+        assert!(names.iter().any(|n| n == job), "testdata/conformance/jobs holds {job}: {names:?}");
+    }
+    for path in traces {
+        let (snapshot, expected) = common::load(&path);
+        let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+        let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+        outcome.allocator.check_consistency().unwrap();
+        if let Err(difference) = verify_against_recording(&snapshot, &outcome, Some(&expected)) {
+            panic!("{}: {difference}", path.display());
+        }
+    }
+}
