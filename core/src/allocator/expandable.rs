@@ -5,7 +5,6 @@ use super::CachingAllocator;
 use super::malloc::Request;
 use crate::backend::{Backend, BackendError};
 use crate::block::{Block, NIL, Segment};
-use crate::config::Policy;
 use crate::error::AllocatorError;
 use crate::size::{PoolKind, SMALL_BUFFER};
 use crate::trace::TraceAction;
@@ -87,7 +86,7 @@ impl<B: Backend> CachingAllocator<B> {
             .map(|run| run.start)
     }
 
-    /// Rule 7 of `policy:cachalot` (`compact.rs`): the first block of the run of free and
+    /// Rule 7 of `policy:cachalot` (`policy/cachalot.rs`): the first block of the run of free and
     /// unmapped blocks of the request's stream and pool that offers the request's bytes with
     /// the fewest pages to map, the lowest of them where several map as few. PyTorch's lowest
     /// run may map many pages beside a free block that one page would have grown; in a repeat
@@ -129,17 +128,6 @@ impl<B: Backend> CachingAllocator<B> {
             b = block.next;
         }
         run
-    }
-
-    /// The page size of a new expandable segment of `pool`: 2 MiB in the small pool; in the
-    /// large pool PyTorch's `large_segment_size` (20 MiB), or the device's 2 MiB granularity
-    /// under `policy:cachalot`.
-    pub(super) fn expandable_page_size(&self, pool: PoolKind) -> u64 {
-        match (pool, self.config.policy()) {
-            (PoolKind::Small, _) => SMALL_BUFFER,
-            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
-            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
-        }
     }
 
     /// `map_block`: backs the first `size` bytes (rounded up to pages) of the unmapped block

@@ -1,6 +1,6 @@
 //! The expandable blocks as `policy:cachalot`'s planned give-backs would leave them (rule 4,
-//! `compact.rs`), read off the state without making them. The replay's plan of a malloc
-//! (`inspect.rs`) searches them for the run the miss then grows over, as
+//! `policy/cachalot.rs`), read off the state without making them. The replay's plan of a malloc
+//! (`plan.rs`) searches them for the run the miss then grows over, as
 //! `find_expandable_block` searches the blocks the give-backs really left; the malloc itself
 //! never looks here.
 //!
@@ -13,8 +13,8 @@
 //! mapped is released (`release_expandable_segment`). [`CutView`] shows each block as those
 //! [`Part`]s, so that the search and the pieces a miss maps are read as on the blocks left.
 
-use super::CachingAllocator;
-use super::malloc::Request;
+use crate::allocator::CachingAllocator;
+use crate::allocator::malloc::Request;
 use crate::backend::Backend;
 use crate::block::NIL;
 
