@@ -2,6 +2,7 @@
 //! by unmapping fully free ones (`docs/allocator-rules.md` §14).
 
 use super::CachingAllocator;
+use super::chain::{CutView, Part};
 use super::malloc::Request;
 use crate::backend::{Backend, BackendError};
 use crate::block::{Block, NIL, Segment};
@@ -74,48 +75,18 @@ impl<B: Backend> CachingAllocator<B> {
     /// the first block of the lowest run of free and unmapped blocks of the request's stream
     /// and pool that offers the request's bytes; under `policy:cachalot`, for a miss that
     /// recurs in a repeat of the job (rule 7), the lowest of those that map the fewest pages.
-    /// Read only: the replay's plan of a malloc and `policy:cachalot`'s rule 4 ask it too.
+    /// The one search ([`CutView::room`]), here over the blocks as they are: the replay's plan
+    /// of a malloc makes it over the blocks the policy's give-backs would leave, and
+    /// `policy:cachalot`'s rule 4 asks it too.
     pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
-        if self.maps_fewest_pages(request) {
-            return self.room_mapping_fewest_pages(request);
-        }
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        tree.walk_stream(&self.blocks, request.stream)
-            .map(|unmapped| self.run_through(unmapped, request.size))
-            .find(|run| run.bytes >= request.size)
-            .map(|run| run.start)
-    }
-
-    /// Rule 7 of `policy:cachalot` (`policy/cachalot.rs`): the first block of the run of free and
-    /// unmapped blocks of the request's stream and pool that offers the request's bytes with
-    /// the fewest pages to map, the lowest of them where several map as few. PyTorch's lowest
-    /// run may map many pages beside a free block that one page would have grown; in a repeat
-    /// at rule 7's ceiling each page mapped is one given back from the largest free blocks,
-    /// the places of the job's other recurring requests (trace-gpt_train's 131 and 139 MB
-    /// logits took each other's pages on every repeat).
-    fn room_mapping_fewest_pages(&self, request: &Request) -> Option<u32> {
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        tree.walk_stream(&self.blocks, request.stream)
-            .map(|unmapped| self.run_through(unmapped, request.size))
-            .filter(|run| run.bytes >= request.size)
-            .min_by_key(|run| run.to_map) // the first, the lowest, of the runs mapping as few
-            .map(|run| run.start)
-    }
-
-    /// The run of free and unmapped blocks that holds the unmapped block `unmapped`: it starts
-    /// at the free block before `unmapped` if there is one (a free block grows into the pages
-    /// after it), and is walked as far as a request of `size` bytes reaches.
-    fn run_through(&self, unmapped: u32, size: u64) -> Run {
-        let prev = self.blocks[unmapped].prev;
-        let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-        self.run_from(start, size)
+        CutView::new(self, &[]).room(request).map(Part::block)
     }
 
     /// The run of free and unmapped blocks from `start`, walked as far as a request of `size`
     /// bytes reaches (or to the run's end, where it offers less): what it offers, the bytes of
     /// the pages the request would map there, and where the walk ended.
     pub(super) fn run_from(&self, start: u32, size: u64) -> Run {
-        let mut run = Run { start, bytes: 0, to_map: 0, end: self.blocks[start].ptr };
+        let mut run = Run { bytes: 0, to_map: 0, end: self.blocks[start].ptr };
         let mut b = start;
         while run.bytes < size && b != NIL && self.blocks.is_allocatable(b) {
             let block = &self.blocks[b];
@@ -259,8 +230,6 @@ impl<B: Backend> CachingAllocator<B> {
 /// (`CachingAllocator::run_from`).
 #[derive(Clone, Copy)]
 pub(super) struct Run {
-    /// The run's first block: where `find_expandable_block` starts the request.
-    pub start: u32,
     /// The bytes of the blocks walked: at least the request's where the run can serve it.
     pub bytes: u64,
     /// The bytes of the pages the request would map in the run.

@@ -54,27 +54,39 @@ impl<B: Backend> CachingAllocator<B> {
         if self.routing.is_empty() {
             self.process_events()?;
         }
-        with_policy!(self.config.policy(), P => self.malloc_with::<P>(size, stream))
-    }
-
-    /// `malloc` under the policy `P`, matched once above: the hit path pays for no policy test.
-    #[inline(always)]
-    fn malloc_with<P: PolicyRules>(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocatorError> {
-        let request = P::request(self, size, stream);
-        let Some(block) = self.get_free_block::<P>(&request) else {
-            return self.malloc_miss::<P>(&request, size);
+        // One body for every policy, each of its three decisions matched on the policy where it
+        // is made: a body per policy (generic, matched once here) cost 3-5% more instructions
+        // per op on the op files (`scripts/dev/icount.sh`), its calls no longer inlined.
+        let policy = self.config.policy();
+        let request = with_policy!(policy, P => P::request(self, size, stream));
+        let mut found = self.get_free_block(&request);
+        if let Some(block) = found
+            && !with_policy!(policy, P => P::keeps_hit(self, block, &request))
+        {
+            // Taken out and put back, as `policy:cachalot` always did (which restarts its
+            // garbage-collection age).
+            self.insert_free(block);
+            found = None;
+        }
+        let Some(block) = found else {
+            return self.malloc_miss(&request, size);
         };
-        let split = P::splits(self, self.blocks[block].size, &request);
+        let split = self.should_split(block, &request);
         Ok(self.alloc_found_block(block, &request, size, split))
     }
 
     /// A cache miss: new memory for `request` (of `size` bytes as asked), through the retry
-    /// chain (`chain/`, the steps applied), allocated; or the out-of-memory error. Never inlined: kept out of `malloc`, the
-    /// miss path's code (under `policy:cachalot` its give-backs too) does not weigh on how the
-    /// compiler lays out the hit path, which moved by several instructions per op with changes
-    /// there.
+    /// chain (`chain/`, the steps applied under the configured policy), allocated; or the
+    /// out-of-memory error. Never inlined: kept out of `malloc`, the miss path's code (under
+    /// `policy:cachalot` its give-backs too) does not weigh on how the compiler lays out the
+    /// hit path, which moved by several instructions per op with changes there.
     #[inline(never)]
-    fn malloc_miss<P: PolicyRules>(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
+    fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
+        with_policy!(self.config.policy(), P => self.malloc_miss_with::<P>(request, size))
+    }
+
+    /// [`Self::malloc_miss`] under the policy `P`.
+    fn malloc_miss_with<P: PolicyRules>(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
         // Only a miss asks the device, and only its out-of-memory error reads the device's limit.
         self.last_device_limit = None;
         let (collects_garbage, routed) = (self.gc_enabled(), !self.routing.is_empty());
@@ -90,10 +102,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// `get_free_block`: the best-fit candidate of the request's stream, if the oversize rules
     /// allow it. Only the single best candidate is examined.
     ///
-    /// A candidate the policy `P` does not keep ([`PolicyRules::keeps_hit`]) makes a miss; it
-    /// is taken out and put back, as `policy:cachalot` always did (which restarts its
-    /// garbage-collection age).
-    fn get_free_block<P: PolicyRules>(&mut self, request: &Request) -> Option<u32> {
+    /// Always inlined into `malloc`, its one caller: left to itself the compiler called it,
+    /// 15 instructions more per malloc (2-4% per op on the op files).
+    #[inline(always)]
+    fn get_free_block(&mut self, request: &Request) -> Option<u32> {
         if self.gc_enabled() {
             let pool = super::pool_mut(&mut self.small, &mut self.large, &mut self.private, request.slot, request.pool);
             pool.free_blocks_call_count += 1;
@@ -101,10 +113,6 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let it = self.best_fit(request)?;
         self.remove_free(it);
-        if !P::keeps_hit(self, it, request) {
-            self.insert_free(it);
-            return None;
-        }
         Some(it)
     }
 
@@ -112,6 +120,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// stream and pool that fits, where expandable blocks count as the size they can grow to,
     /// within the limits of `max_split_size_mb`. Also the replay's plan of a malloc
     /// (`chain/plan.rs`), so the two cannot choose differently.
+    ///
+    /// Always inlined, as `get_free_block`: called from the plan and the policy too, the
+    /// compiler otherwise called it from the hit path as well (2-3% more instructions per op).
+    #[inline(always)]
     pub(super) fn best_fit(&self, request: &Request) -> Option<u32> {
         let stream = request.stream;
         let pool = &self.pool(request.slot, request.pool).free;
@@ -175,6 +187,13 @@ impl<B: Backend> CachingAllocator<B> {
         Some(it)
     }
 
+    /// Whether the free block `block` serving `request` is split, as the policy decides it
+    /// ([`PolicyRules::splits`]).
+    fn should_split(&self, block: u32, request: &Request) -> bool {
+        let block_size = self.blocks[block].size;
+        with_policy!(self.config.policy(), P => P::splits(self, block_size, request))
+    }
+
     /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,
     /// keeping its stale requested size), marks the block allocated, records and counts it.
     fn alloc_found_block(&mut self, found: u32, request: &Request, requested: u64, split: bool) -> Allocation {
@@ -221,9 +240,7 @@ impl<B: Backend> CachingAllocator<B> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed_memory_maximum
-            && self.total_allocated_memory.saturating_add(size) > allowed
-        {
+        if !self.fraction_allows(self.total_allocated_memory, size) {
             return Ok(None);
         }
         if request.expandable {
@@ -257,6 +274,13 @@ impl<B: Backend> CachingAllocator<B> {
         self.stats.families().device_alloc(request.pool, size, true, oversize);
         self.record(TraceAction::SegmentAlloc, ptr, size, request.stream, self.current_context);
         Ok(Some(block))
+    }
+
+    /// Whether the memory fraction lets the device hold `size` bytes more than `held`: checked
+    /// before the device is asked, by the malloc and by the replay's plan of it alike.
+    #[inline]
+    pub(super) fn fraction_allows(&self, held: u64, size: u64) -> bool {
+        self.allowed_memory_maximum.is_none_or(|allowed| held.saturating_add(size) <= allowed)
     }
 
     /// Builds the out-of-memory error, records the `oom` trace entry and counts it.

@@ -19,6 +19,8 @@
 mod cuts;
 mod plan;
 
+pub(super) use cuts::{CutView, Part};
+
 use std::marker::PhantomData;
 
 use super::CachingAllocator;

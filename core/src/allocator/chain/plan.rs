@@ -46,11 +46,12 @@ impl ReleasePlan {
 impl<B: Backend> CachingAllocator<B> {
     /// How many segments a `malloc(size, stream)` made now would release (its `segment_free` and
     /// `segment_unmap` trace entries, as `num_device_free` counts them) before it is served,
-    /// found without making it: the cache hit it would take, `policy:cachalot`'s return of
-    /// cached memory before a new peak, the garbage collector, the fraction's and the device's
-    /// answer to the first device allocation (`device_free`: the bytes the device would still
-    /// give), the oversize release and the full release of the retry chain, each as the malloc
-    /// takes them. Where the last step is reached, the count is every segment and page the
+    /// found without making it, by the malloc's own retry chain walked over a model of the
+    /// device ([`walk`]): the cache hit it would take, `policy:cachalot`'s return of cached
+    /// memory before a new peak, the garbage collector, the fraction's and the device's answer
+    /// to the first device allocation (`device_free`: the bytes the device would still give),
+    /// the oversize release and the full release of the retry chain, each decided as the malloc
+    /// decides it. Where the last step is reached, the count is every segment and page the
     /// cache can give back, whether or not the retry then succeeds.
     ///
     /// It reads only the free blocks of the request's pool and the blocks the steps would
@@ -422,9 +423,7 @@ impl<B: Backend> CachingAllocator<B> {
     ) -> (bool, usize) {
         let mapped_bytes: u64 = pieces[..mapped].iter().map(|piece| piece.bytes).sum();
         let total = self.total_allocated_memory + mapped_bytes - plan.bytes;
-        if let Some(allowed) = self.allowed_memory_maximum
-            && total.saturating_add(request.alloc_size) > allowed
-        {
+        if !self.fraction_allows(total, request.alloc_size) {
             return (false, mapped);
         }
         // The device's free bytes, less what the pieces mapped before took.
@@ -635,11 +634,8 @@ impl<B: Backend, P: PolicyRules> Steps for Reservations<'_, B, P> {
 
     fn allocate(&mut self, _is_retry: bool) -> Result<bool, Self::Error> {
         let (allocator, request) = (self.allocator, &self.request);
-        let within_fraction = |released: u64| {
-            allocator.allowed_memory_maximum.is_none_or(|allowed| {
-                (allocator.total_allocated_memory - released).saturating_add(request.alloc_size) <= allowed
-            })
-        };
+        let within_fraction =
+            |released: u64| allocator.fraction_allows(allocator.total_allocated_memory - released, request.alloc_size);
         // A reservation an earlier step made, with room: this step finds the room there.
         let made_with_room = self.made > 0 && self.fresh_has_room;
         let reserves = match self.released_all {
