@@ -13,39 +13,88 @@ use crate::trace::TraceAction;
 impl<B: Backend> CachingAllocator<B> {
     /// `try_allocate_expandable_block`: a free mapped block of at least `request.size` bytes,
     /// mapping pages as needed. Note PyTorch asks for the rounded size here, not the segment
-    /// size. `Ok(None)` when pages could not be mapped.
+    /// size. `Ok(None)` when pages could not be mapped (those mapped before stay, free).
+    ///
+    /// Where the request goes and which pieces of pages it maps there are
+    /// [`Self::pages_to_map`]'s, over the blocks as they are: the replay's plan of a malloc
+    /// (`chain/plan.rs`) reads the same function over the blocks the policy's give-backs would
+    /// leave, so the two cannot map differently.
     pub(super) fn try_allocate_expandable_block(&mut self, request: &Request) -> Result<Option<u32>, AllocatorError> {
-        let size = request.size;
-        let mut candidate = self.find_expandable_block(request)?;
-        // The candidate is one of: unmapped -> end; unmapped -> free -> ...; free -> unmapped -> ...
-        if !self.blocks[candidate].mapped {
-            let to_map = self.blocks[candidate].size.min(size);
-            if !self.map_block(candidate, to_map)? {
+        let (start, pieces) = self.pages_to_map(request, &CutView::new(self, &[]));
+        let mut candidate = match start {
+            Some(part) => part.block(),
+            None => self.reserve_expandable_segment(request)?,
+        };
+        // Each piece maps the start of its hole; mapped, the hole merges with the free blocks
+        // beside it, and the last one mapped is the block that holds the request.
+        for piece in pieces {
+            // Past a whole new reservation: more than any device has.
+            if piece.bytes == u64::MAX {
                 return Ok(None);
             }
-        }
-        while self.blocks[candidate].size < size {
-            // Invariant: free -> unmapped. Mapping the next block merges it with this one.
-            let remaining = size - self.blocks[candidate].size;
-            let next = self.blocks[candidate].next;
-            let to_map = remaining.min(self.blocks[next].size);
-            if !self.map_block(next, to_map)? {
+            let hole = if piece.hole == NIL { candidate } else { piece.hole };
+            if !self.map_block(hole, piece.bytes)? {
                 return Ok(None);
             }
-            candidate = next;
+            candidate = hole;
         }
         self.remove_free(candidate);
         Ok(Some(candidate))
     }
 
-    /// `find_expandable_block`: the lowest address, in any segment of this stream and pool,
-    /// where free and unmapped blocks together offer the request's bytes; a new segment
-    /// otherwise.
-    fn find_expandable_block(&mut self, request: &Request) -> Result<u32, AllocatorError> {
-        let (stream, pool, slot) = (request.stream, request.pool, request.slot);
-        if let Some(start) = self.expandable_room(request) {
-            return Ok(start);
+    /// `find_expandable_block`'s choice for `request` over the blocks `view` shows (as they are,
+    /// or as the policy's give-backs would leave them), and the pieces
+    /// `try_allocate_expandable_block` maps there, in order: the run's first part, with one
+    /// piece per hole of the run (each but the last mapped whole) until the free block grown
+    /// from there holds the request; or no part (a new reservation) with its first pages
+    /// ([`NIL`]), all of it where it is smaller than the request (which no second piece then
+    /// completes: one of all the device's bytes stands for it).
+    pub(super) fn pages_to_map(&self, request: &Request, view: &CutView<'_, B>) -> (Option<Part>, Vec<Piece>) {
+        let size = request.size;
+        let Some(start) = view.room(request) else {
+            let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
+            let pieces = match size <= reserved {
+                true => vec![Piece { hole: NIL, bytes: size.div_ceil(page) * page }],
+                false => vec![Piece { hole: NIL, bytes: reserved }, Piece { hole: NIL, bytes: u64::MAX }],
+            };
+            return (None, pieces);
+        };
+        // The free part grown so far, and the hole after it: the candidate itself when
+        // unmapped, else the one after it (the run alternates free and unmapped parts).
+        let (mut have, mut cursor) = match view.span(start) {
+            (_, _, false) => (0, Some(start)),
+            (_, bytes, true) => (bytes, view.next(start)),
+        };
+        let mut pieces = Vec::new();
+        while have < size {
+            let Some(hole @ Part::Hole(first)) = cursor else {
+                debug_assert!(false, "the run offers the request's bytes");
+                break;
+            };
+            let (ptr, hole_size, _) = view.span(hole);
+            let to_map = (size - have).min(hole_size);
+            let (base, page) = self.segment_pages(self.blocks[first].segment);
+            let bytes = ((ptr + to_map - base).div_ceil(page) - (ptr - base) / page) * page;
+            pieces.push(Piece { hole: first, bytes });
+            have += bytes;
+            // Wholly mapped, the piece joins the free part after it.
+            cursor = view.next(hole);
+            if let Some(next) = cursor.filter(|&next| bytes == hole_size && view.is_allocatable(next)) {
+                let (_, next_size, mapped) = view.span(next);
+                if mapped {
+                    have += next_size;
+                    cursor = view.next(next);
+                }
+            }
         }
+        (Some(start), pieces)
+    }
+
+    /// `find_expandable_block`'s new segment, where no segment of the request's stream and
+    /// pool has room for it ([`Self::pages_to_map`]): a VA reservation with nothing mapped, one
+    /// unmapped block.
+    fn reserve_expandable_segment(&mut self, request: &Request) -> Result<u32, AllocatorError> {
+        let (stream, pool, slot) = (request.stream, request.pool, request.slot);
         let page_size = self.expandable_page_size(pool);
         let reserved = self.reservation_size(pool);
         let base = self.backend.reserve_address_space(reserved, page_size, stream)?;
@@ -224,6 +273,16 @@ impl<B: Backend> CachingAllocator<B> {
         let s = &self.segments[segment];
         (s.base, s.page_size.unwrap_or(SMALL_BUFFER))
     }
+}
+
+/// One piece of the pages a malloc maps ([`CachingAllocator::pages_to_map`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Piece {
+    /// The hole mapped from its start, named by its lowest block ([`Part::Hole`]; [`NIL`]: a
+    /// new reservation's).
+    pub hole: u32,
+    /// Bytes mapped.
+    pub bytes: u64,
 }
 
 /// A run of free and unmapped blocks of one expandable segment, as far as a request walked it

@@ -136,7 +136,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// The part after `part` in its segment.
-    pub(super) fn next(&self, part: Part) -> Option<Part> {
+    pub(in crate::allocator) fn next(&self, part: Part) -> Option<Part> {
         let blocks = &self.allocator.blocks;
         let last = match part {
             Part::Below(id) => return Some(Part::Hole(id)),
@@ -154,7 +154,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// The address, bytes and whether mapped of `part`.
-    pub(super) fn span(&self, part: Part) -> (u64, u64, bool) {
+    pub(in crate::allocator) fn span(&self, part: Part) -> (u64, u64, bool) {
         let blocks = &self.allocator.blocks;
         match part {
             Part::Whole(id) => (blocks[id].ptr, blocks[id].size, blocks[id].mapped),
@@ -176,7 +176,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// Whether `part` may serve a request: free or unmapped (a cut block is free).
-    pub(super) fn is_allocatable(&self, part: Part) -> bool {
+    pub(in crate::allocator) fn is_allocatable(&self, part: Part) -> bool {
         match part {
             Part::Whole(id) => self.allocator.blocks.is_allocatable(id),
             Part::Below(_) | Part::Hole(_) | Part::Above(_) => true,

@@ -7,11 +7,12 @@
 //! over an overlay of what the earlier steps took ([`ReleasePlan`]); what this file models is
 //! what the device would answer and what the full release would find.
 
-use super::cuts::{CutView, Part};
+use super::cuts::CutView;
 use std::marker::PhantomData;
 
 use super::{Outcome, Steps, walk};
 use crate::allocator::CachingAllocator;
+use crate::allocator::expandable::Piece;
 use crate::allocator::malloc::Request;
 use crate::allocator::policy::{PolicyRules, with_policy};
 use crate::backend::{Backend, StreamId};
@@ -409,7 +410,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Whether `alloc_block` would serve the request after the planned releases, and how many
-    /// of `pieces` (the expandable pages it maps, [`Self::pieces_to_map`]) are mapped then,
+    /// of `pieces` (the expandable pages it maps, [`Self::pages_to_map`]) are mapped then,
     /// `mapped` of them by refused allocations before: the fraction's allowance (over the
     /// device bytes those hold too), then the device's room for a new segment, or for each
     /// piece in turn. A refused piece leaves those before it mapped.
@@ -438,52 +439,6 @@ impl<B: Backend> CachingAllocator<B> {
         }
         (now == pieces.len(), now)
     }
-
-    /// The pieces `try_allocate_expandable_block` would map for `request`, in order, read off
-    /// the blocks rule 4's give-backs leave (`view`): one per hole of the run
-    /// `find_expandable_block` chooses (each but the last mapped whole), until the free block
-    /// grown from there holds the request; or the first pages of a new reservation ([`NIL`]),
-    /// all of it where it is smaller than the request (which no second piece then completes:
-    /// one of all the device's bytes stands for it).
-    fn pieces_to_map(&self, request: &Request, view: &CutView<'_, B>) -> Vec<Piece> {
-        let size = request.size;
-        let Some(start) = view.room(request) else {
-            let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
-            return match size <= reserved {
-                true => vec![Piece { hole: NIL, bytes: size.div_ceil(page) * page }],
-                false => vec![Piece { hole: NIL, bytes: reserved }, Piece { hole: NIL, bytes: u64::MAX }],
-            };
-        };
-        // The free part grown so far, and the hole after it: the candidate itself when
-        // unmapped, else the one after it (the run alternates free and unmapped parts).
-        let (mut have, mut cursor) = match view.span(start) {
-            (_, _, false) => (0, Some(start)),
-            (_, bytes, true) => (bytes, view.next(start)),
-        };
-        let mut pieces = Vec::new();
-        while have < size {
-            let Some(hole @ Part::Hole(first)) = cursor else {
-                debug_assert!(false, "the run offers the request's bytes");
-                break;
-            };
-            let (ptr, hole_size, _) = view.span(hole);
-            let to_map = (size - have).min(hole_size);
-            let (base, page) = self.segment_pages(self.blocks[first].segment);
-            let bytes = ((ptr + to_map - base).div_ceil(page) - (ptr - base) / page) * page;
-            pieces.push(Piece { hole: first, bytes });
-            have += bytes;
-            // Wholly mapped, the piece joins the free part after it.
-            cursor = view.next(hole);
-            if let Some(next) = cursor.filter(|&next| bytes == hole_size && view.is_allocatable(next)) {
-                let (_, next_size, mapped) = view.span(next);
-                if mapped {
-                    have += next_size;
-                    cursor = view.next(next);
-                }
-            }
-        }
-        pieces
-    }
 }
 
 /// What [`CachingAllocator::plan_malloc_releases`] finds.
@@ -493,16 +448,6 @@ struct PlannedReleases {
     releases: u64,
     /// Whether the step that serves it allocates and maps nothing.
     in_place: bool,
-}
-
-/// One piece of the pages a malloc maps ([`CachingAllocator::pieces_to_map`]).
-#[derive(Clone, Copy, Debug)]
-struct Piece {
-    /// The hole mapped from its start, named by its lowest block ([`Part::Hole`]; [`NIL`]: a
-    /// new reservation's).
-    hole: u32,
-    /// Bytes mapped.
-    bytes: u64,
 }
 
 /// Why a model's [`walk`] stopped before its end.
@@ -558,7 +503,7 @@ impl<B: Backend, P: PolicyRules> Steps for Releases<'_, B, P> {
         let (allocator, request) = (self.allocator, &self.request);
         let (_, pieces) = self.pages.get_or_insert_with(|| {
             let view = CutView::new(allocator, &self.plan.cuts);
-            let pieces = if request.expandable { allocator.pieces_to_map(request, &view) } else { Vec::new() };
+            let pieces = if request.expandable { allocator.pages_to_map(request, &view).1 } else { Vec::new() };
             (view, pieces)
         });
         let served;

@@ -11,9 +11,12 @@
 //! - **Read only**: every method reads the state and changes nothing, so that the malloc and
 //!   the replay's plan of a malloc (`chain/`) ask the same rule and cannot drift apart. The
 //!   allocator applies what a policy decided.
-//! - **Static dispatch**: the configured [`Policy`](crate::config::Policy) is matched once per
-//!   malloc ([`with_policy!`]), and the malloc runs generic over its rules: the hit path pays
-//!   for no policy test, and PyTorch's empty rules (no give-backs, no other pool) compile away.
+//! - **Static dispatch**: the configured [`Policy`](crate::config::Policy) is matched where a
+//!   decision is asked ([`with_policy!`]), never through a trait object: on the hit path at each
+//!   of its three decisions (one body for every policy keeps the compiler's layout of it, which
+//!   a body per policy did not), and once per miss and per question of the replay, whose code
+//!   then runs generic over the rules, PyTorch's empty ones (no give-backs, no other pool)
+//!   compiled away.
 //!
 //! A new policy is a file here implementing [`PolicyRules`], a variant of
 //! [`Policy`](crate::config::Policy) with its `policy:` name, and a line in [`with_policy!`].
