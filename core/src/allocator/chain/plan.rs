@@ -5,11 +5,13 @@
 //! the full release. Each step's decision is the malloc's own (the policy's give-backs,
 //! [`CachingAllocator::garbage_to_collect`], [`CachingAllocator::oversize_to_release`]), taken
 //! over an overlay of what the earlier steps took ([`ReleasePlan`]); what this file models is
-//! what the device would answer and what the full release would find.
+//! what the device would answer and what the full release would find; where the pages a miss
+//! maps go is [`CachingAllocator::pages_to_map`]'s, over the blocks the give-backs would leave
+//! (`cuts.rs`).
 
-use super::cuts::CutView;
 use std::marker::PhantomData;
 
+use super::cuts::CutView;
 use super::{Outcome, Steps, walk};
 use crate::allocator::CachingAllocator;
 use crate::allocator::expandable::Piece;
@@ -48,11 +50,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// How many segments a `malloc(size, stream)` made now would release (its `segment_free` and
     /// `segment_unmap` trace entries, as `num_device_free` counts them) before it is served,
     /// found without making it, by the malloc's own retry chain walked over a model of the
-    /// device ([`walk`]): the cache hit it would take, `policy:cachalot`'s return of cached
-    /// memory before a new peak, the garbage collector, the fraction's and the device's answer
-    /// to the first device allocation (`device_free`: the bytes the device would still give),
-    /// the oversize release and the full release of the retry chain, each decided as the malloc
-    /// decides it. Where the last step is reached, the count is every segment and page the
+    /// device (`core/src/allocator/chain/`): the cache hit it would take, `policy:cachalot`'s
+    /// return of cached memory before a new peak, the garbage collector, the fraction's and the
+    /// device's answer to the first device allocation (`device_free`: the bytes the device
+    /// would still give), the oversize release and the full release of the retry chain, each
+    /// decided as the malloc decides it. Where the last step is reached, the count is every segment and page the
     /// cache can give back, whether or not the retry then succeeds.
     ///
     /// It reads only the free blocks of the request's pool and the blocks the steps would
