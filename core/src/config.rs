@@ -35,8 +35,9 @@ pub enum AllocatorBackendKind {
 ///
 /// PyTorch's is the default and is exact; [`Policy::Cachalot`] is an opt-in policy that
 /// fragments less (`docs/allocator-rules.md` §24 and the module doc of
-/// `core/src/allocator/compact.rs` say what it changes). A string that selects it is no longer a
-/// valid `PYTORCH_CUDA_ALLOC_CONF`: PyTorch would reject the key.
+/// `core/src/allocator/policy/cachalot.rs` say what it changes). Each is one implementation of
+/// the allocator's policy trait (`core/src/allocator/policy/`). A string that selects cachalot's
+/// is no longer a valid `PYTORCH_CUDA_ALLOC_CONF`: PyTorch would reject the key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]

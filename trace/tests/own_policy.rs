@@ -166,10 +166,10 @@ fn a_replayed_job_keeps_its_peak_and_settles() {
     }
 }
 
-/// The replay's plan of a malloc (`releases_of_malloc`, `inspect.rs`) predicts every malloc of
-/// a repeated job exactly: rule 7's state (live memory falling to 0, the sizes that met the
-/// peak) decides both the give-backs and, for a recurring miss, the run it maps (the one with
-/// the fewest pages to map), and the plan reads the same state. Every op file of a reference
+/// The replay's plan of a malloc (`releases_of_malloc`, `core/src/allocator/chain/plan.rs`)
+/// predicts every malloc of a repeated job exactly: rule 7's state (live memory falling to 0,
+/// the sizes that met the peak) decides both the give-backs and, for a recurring miss, the run
+/// it maps (the one with the fewest pages to map), and the plan reads the same state. Every op file of a reference
 /// trace, eight replays on one allocator as above, on a device with room to spare and on one
 /// of 1.06x the job's peak allocated, where misses at rule 7's ceiling are refused and go
 /// down the retry chain, so that the run a miss maps decides what it releases.

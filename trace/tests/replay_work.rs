@@ -333,7 +333,7 @@ fn out_of_memory_errors_with_expandable_segments_copy_nothing() {
 }
 
 /// `policy:cachalot` gives back, before a new peak, only what the peak would exceed, chosen among
-/// the largest free blocks of any stream (`core/src/allocator/compact.rs`, rule 4): the plan
+/// the largest free blocks of any stream (`core/src/allocator/policy/cachalot.rs`, rule 4): the plan
 /// takes the malloc's own walk, so these releases need no copy either.
 #[test]
 fn policy_cachalot_with_pages_copies_nothing() {

@@ -2,10 +2,10 @@
 //! by unmapping fully free ones (`docs/allocator-rules.md` §14).
 
 use super::CachingAllocator;
+use super::chain::{CutView, Part};
 use super::malloc::Request;
 use crate::backend::{Backend, BackendError};
 use crate::block::{Block, NIL, Segment};
-use crate::config::Policy;
 use crate::error::AllocatorError;
 use crate::size::{PoolKind, SMALL_BUFFER};
 use crate::trace::TraceAction;
@@ -13,39 +13,88 @@ use crate::trace::TraceAction;
 impl<B: Backend> CachingAllocator<B> {
     /// `try_allocate_expandable_block`: a free mapped block of at least `request.size` bytes,
     /// mapping pages as needed. Note PyTorch asks for the rounded size here, not the segment
-    /// size. `Ok(None)` when pages could not be mapped.
+    /// size. `Ok(None)` when pages could not be mapped (those mapped before stay, free).
+    ///
+    /// Where the request goes and which pieces of pages it maps there are
+    /// [`Self::pages_to_map`]'s, over the blocks as they are: the replay's plan of a malloc
+    /// (`chain/plan.rs`) reads the same function over the blocks the policy's give-backs would
+    /// leave, so the two cannot map differently.
     pub(super) fn try_allocate_expandable_block(&mut self, request: &Request) -> Result<Option<u32>, AllocatorError> {
-        let size = request.size;
-        let mut candidate = self.find_expandable_block(request)?;
-        // The candidate is one of: unmapped -> end; unmapped -> free -> ...; free -> unmapped -> ...
-        if !self.blocks[candidate].mapped {
-            let to_map = self.blocks[candidate].size.min(size);
-            if !self.map_block(candidate, to_map)? {
+        let (start, pieces) = self.pages_to_map(request, &CutView::new(self, &[]));
+        let mut candidate = match start {
+            Some(part) => part.block(),
+            None => self.reserve_expandable_segment(request)?,
+        };
+        // Each piece maps the start of its hole; mapped, the hole merges with the free blocks
+        // beside it, and the last one mapped is the block that holds the request.
+        for piece in pieces {
+            // Past a whole new reservation: more than any device has.
+            if piece.bytes == u64::MAX {
                 return Ok(None);
             }
-        }
-        while self.blocks[candidate].size < size {
-            // Invariant: free -> unmapped. Mapping the next block merges it with this one.
-            let remaining = size - self.blocks[candidate].size;
-            let next = self.blocks[candidate].next;
-            let to_map = remaining.min(self.blocks[next].size);
-            if !self.map_block(next, to_map)? {
+            let hole = if piece.hole == NIL { candidate } else { piece.hole };
+            if !self.map_block(hole, piece.bytes)? {
                 return Ok(None);
             }
-            candidate = next;
+            candidate = hole;
         }
         self.remove_free(candidate);
         Ok(Some(candidate))
     }
 
-    /// `find_expandable_block`: the lowest address, in any segment of this stream and pool,
-    /// where free and unmapped blocks together offer the request's bytes; a new segment
-    /// otherwise.
-    fn find_expandable_block(&mut self, request: &Request) -> Result<u32, AllocatorError> {
-        let (stream, pool, slot) = (request.stream, request.pool, request.slot);
-        if let Some(start) = self.expandable_room(request) {
-            return Ok(start);
+    /// `find_expandable_block`'s choice for `request` over the blocks `view` shows (as they are,
+    /// or as the policy's give-backs would leave them), and the pieces
+    /// `try_allocate_expandable_block` maps there, in order: the run's first part, with one
+    /// piece per hole of the run (each but the last mapped whole) until the free block grown
+    /// from there holds the request; or no part (a new reservation) with its first pages
+    /// ([`NIL`]), all of it where it is smaller than the request (which no second piece then
+    /// completes: one of all the device's bytes stands for it).
+    pub(super) fn pages_to_map(&self, request: &Request, view: &CutView<'_, B>) -> (Option<Part>, Vec<Piece>) {
+        let size = request.size;
+        let Some(start) = view.room(request) else {
+            let (page, reserved) = (self.expandable_page_size(request.pool), self.reservation_size(request.pool));
+            let pieces = match size <= reserved {
+                true => vec![Piece { hole: NIL, bytes: size.div_ceil(page) * page }],
+                false => vec![Piece { hole: NIL, bytes: reserved }, Piece { hole: NIL, bytes: u64::MAX }],
+            };
+            return (None, pieces);
+        };
+        // The free part grown so far, and the hole after it: the candidate itself when
+        // unmapped, else the one after it (the run alternates free and unmapped parts).
+        let (mut have, mut cursor) = match view.span(start) {
+            (_, _, false) => (0, Some(start)),
+            (_, bytes, true) => (bytes, view.next(start)),
+        };
+        let mut pieces = Vec::new();
+        while have < size {
+            let Some(hole @ Part::Hole(first)) = cursor else {
+                debug_assert!(false, "the run offers the request's bytes");
+                break;
+            };
+            let (ptr, hole_size, _) = view.span(hole);
+            let to_map = (size - have).min(hole_size);
+            let (base, page) = self.segment_pages(self.blocks[first].segment);
+            let bytes = ((ptr + to_map - base).div_ceil(page) - (ptr - base) / page) * page;
+            pieces.push(Piece { hole: first, bytes });
+            have += bytes;
+            // Wholly mapped, the piece joins the free part after it.
+            cursor = view.next(hole);
+            if let Some(next) = cursor.filter(|&next| bytes == hole_size && view.is_allocatable(next)) {
+                let (_, next_size, mapped) = view.span(next);
+                if mapped {
+                    have += next_size;
+                    cursor = view.next(next);
+                }
+            }
         }
+        (Some(start), pieces)
+    }
+
+    /// `find_expandable_block`'s new segment, where no segment of the request's stream and
+    /// pool has room for it ([`Self::pages_to_map`]): a VA reservation with nothing mapped, one
+    /// unmapped block.
+    fn reserve_expandable_segment(&mut self, request: &Request) -> Result<u32, AllocatorError> {
+        let (stream, pool, slot) = (request.stream, request.pool, request.slot);
         let page_size = self.expandable_page_size(pool);
         let reserved = self.reservation_size(pool);
         let base = self.backend.reserve_address_space(reserved, page_size, stream)?;
@@ -75,48 +124,18 @@ impl<B: Backend> CachingAllocator<B> {
     /// the first block of the lowest run of free and unmapped blocks of the request's stream
     /// and pool that offers the request's bytes; under `policy:cachalot`, for a miss that
     /// recurs in a repeat of the job (rule 7), the lowest of those that map the fewest pages.
-    /// Read only: the replay's plan of a malloc and `policy:cachalot`'s rule 4 ask it too.
+    /// The one search ([`CutView::room`]), here over the blocks as they are: the replay's plan
+    /// of a malloc makes it over the blocks the policy's give-backs would leave, and
+    /// `policy:cachalot`'s rule 4 asks it too.
     pub(super) fn expandable_room(&self, request: &Request) -> Option<u32> {
-        if self.maps_fewest_pages(request) {
-            return self.room_mapping_fewest_pages(request);
-        }
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        tree.walk_stream(&self.blocks, request.stream)
-            .map(|unmapped| self.run_through(unmapped, request.size))
-            .find(|run| run.bytes >= request.size)
-            .map(|run| run.start)
-    }
-
-    /// Rule 7 of `policy:cachalot` (`compact.rs`): the first block of the run of free and
-    /// unmapped blocks of the request's stream and pool that offers the request's bytes with
-    /// the fewest pages to map, the lowest of them where several map as few. PyTorch's lowest
-    /// run may map many pages beside a free block that one page would have grown; in a repeat
-    /// at rule 7's ceiling each page mapped is one given back from the largest free blocks,
-    /// the places of the job's other recurring requests (trace-gpt_train's 131 and 139 MB
-    /// logits took each other's pages on every repeat).
-    fn room_mapping_fewest_pages(&self, request: &Request) -> Option<u32> {
-        let tree = &self.pool(request.slot, request.pool).unmapped;
-        tree.walk_stream(&self.blocks, request.stream)
-            .map(|unmapped| self.run_through(unmapped, request.size))
-            .filter(|run| run.bytes >= request.size)
-            .min_by_key(|run| run.to_map) // the first, the lowest, of the runs mapping as few
-            .map(|run| run.start)
-    }
-
-    /// The run of free and unmapped blocks that holds the unmapped block `unmapped`: it starts
-    /// at the free block before `unmapped` if there is one (a free block grows into the pages
-    /// after it), and is walked as far as a request of `size` bytes reaches.
-    fn run_through(&self, unmapped: u32, size: u64) -> Run {
-        let prev = self.blocks[unmapped].prev;
-        let start = if prev != NIL && self.blocks.is_allocatable(prev) { prev } else { unmapped };
-        self.run_from(start, size)
+        CutView::new(self, &[]).room(request).map(Part::block)
     }
 
     /// The run of free and unmapped blocks from `start`, walked as far as a request of `size`
     /// bytes reaches (or to the run's end, where it offers less): what it offers, the bytes of
     /// the pages the request would map there, and where the walk ended.
     pub(super) fn run_from(&self, start: u32, size: u64) -> Run {
-        let mut run = Run { start, bytes: 0, to_map: 0, end: self.blocks[start].ptr };
+        let mut run = Run { bytes: 0, to_map: 0, end: self.blocks[start].ptr };
         let mut b = start;
         while run.bytes < size && b != NIL && self.blocks.is_allocatable(b) {
             let block = &self.blocks[b];
@@ -129,17 +148,6 @@ impl<B: Backend> CachingAllocator<B> {
             b = block.next;
         }
         run
-    }
-
-    /// The page size of a new expandable segment of `pool`: 2 MiB in the small pool; in the
-    /// large pool PyTorch's `large_segment_size` (20 MiB), or the device's 2 MiB granularity
-    /// under `policy:cachalot`.
-    pub(super) fn expandable_page_size(&self, pool: PoolKind) -> u64 {
-        match (pool, self.config.policy()) {
-            (PoolKind::Small, _) => SMALL_BUFFER,
-            (PoolKind::Large, Policy::PyTorch) => self.config.large_segment_size(),
-            (PoolKind::Large, Policy::Cachalot) => Self::COMPACT_LARGE_PAGE,
-        }
     }
 
     /// `map_block`: backs the first `size` bytes (rounded up to pages) of the unmapped block
@@ -267,12 +275,20 @@ impl<B: Backend> CachingAllocator<B> {
     }
 }
 
+/// One piece of the pages a malloc maps ([`CachingAllocator::pages_to_map`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Piece {
+    /// The hole mapped from its start, named by its lowest block ([`Part::Hole`]; [`NIL`]: a
+    /// new reservation's).
+    pub hole: u32,
+    /// Bytes mapped.
+    pub bytes: u64,
+}
+
 /// A run of free and unmapped blocks of one expandable segment, as far as a request walked it
 /// (`CachingAllocator::run_from`).
 #[derive(Clone, Copy)]
 pub(super) struct Run {
-    /// The run's first block: where `find_expandable_block` starts the request.
-    pub start: u32,
     /// The bytes of the blocks walked: at least the request's where the run can serve it.
     pub bytes: u64,
     /// The bytes of the pages the request would map in the run.

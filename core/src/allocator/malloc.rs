@@ -1,14 +1,15 @@
 //! `malloc`: best fit in the cache, splitting, new segments and the out-of-memory retry chain
 //! (`docs/allocator-rules.md` §5, §6, §9, §10).
 
+use super::chain::{Apply, walk};
 use super::observer::OomEvent;
+use super::policy::{PolicyRules, with_policy};
 use super::private::PoolSlot;
 use super::{Allocation, CachingAllocator};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, Location, NIL, Segment};
-use crate::config::Policy;
 use crate::error::{AllocatorError, OomText, OutOfMemoryError};
-use crate::size::{MAX_REQUEST, PoolKind, allocation_size, round_size};
+use crate::size::{MAX_REQUEST, PoolKind};
 use crate::trace::TraceAction;
 
 /// What one `malloc` is looking for (PyTorch's `AllocParams`).
@@ -53,12 +54,19 @@ impl<B: Backend> CachingAllocator<B> {
         if self.routing.is_empty() {
             self.process_events()?;
         }
+        // One body for every policy, each of its three decisions matched on the policy where it
+        // is made: a body per policy (generic, matched once here) cost 3-5% more instructions
+        // per op on the op files (`scripts/dev/icount.sh`), its calls no longer inlined.
         let policy = self.config.policy();
-        let request = self.request(size, stream);
-
+        let request = with_policy!(policy, P => P::request(self, size, stream));
         let mut found = self.get_free_block(&request);
-        if policy == Policy::Cachalot {
-            found = found.and_then(|block| self.compact_keep_hit(block, &request));
+        if let Some(block) = found
+            && !with_policy!(policy, P => P::keeps_hit(self, block, &request))
+        {
+            // Taken out and put back, as `policy:cachalot` always did (which restarts its
+            // garbage-collection age).
+            self.insert_free(block);
+            found = None;
         }
         let Some(block) = found else {
             return self.malloc_miss(&request, size);
@@ -68,63 +76,35 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// A cache miss: new memory for `request` (of `size` bytes as asked), through the retry
-    /// chain, allocated; or the out-of-memory error. Never inlined: kept out of `malloc`, the
-    /// miss path's code (under `policy:cachalot` its give-backs too) does not weigh on how the
-    /// compiler lays out the hit path, which moved by several instructions per op with changes
-    /// there.
+    /// chain (`chain/`, the steps applied under the configured policy), allocated; or the
+    /// out-of-memory error. Never inlined: kept out of `malloc`, the miss path's code (under
+    /// `policy:cachalot` its give-backs too) does not weigh on how the compiler lays out the
+    /// hit path, which moved by several instructions per op with changes there.
     #[inline(never)]
     fn malloc_miss(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
-        // Only a miss asks the device, and only its out-of-memory error reads the device's limit.
-        self.last_device_limit = None;
-        if self.config.policy() == Policy::Cachalot {
-            // Rule 5: at the peak, free pages of the other pool serve the request where they
-            // can, instead of moving a page from that pool to this one.
-            if let Some((block, served)) = self.other_pool_block_at_peak(request) {
-                self.remove_free(block);
-                let split = self.should_split(block, &served);
-                return Ok(self.alloc_found_block(block, &served, size, split));
-            }
-            self.return_free_memory_before(request)?;
-        }
-        if self.gc_enabled() {
-            self.garbage_collect_cached_blocks()?;
-        }
-        let mut found = self.alloc_block(request, false)?;
-        if found.is_none() && self.release_available_cached_blocks(request)? {
-            found = self.alloc_block(request, false)?;
-        }
-        // Releasing the whole cache synchronizes, which a capture must not.
-        if found.is_none() && self.routing.is_empty() {
-            self.release_cached_blocks()?;
-            found = self.alloc_block(request, true)?;
-        }
-        let block = found.ok_or_else(|| self.out_of_memory(request, size))?;
-        let split = self.should_split(block, request);
-        Ok(self.alloc_found_block(block, request, size, split))
+        with_policy!(self.config.policy(), P => self.malloc_miss_with::<P>(request, size))
     }
 
-    /// The block and segment sizes, pool and routing of a request of `size` (> 0) bytes on
-    /// `stream`, as the configured policy makes them. Also the replay's plan of a malloc.
-    #[inline]
-    pub(super) fn request(&self, size: u64, stream: StreamId) -> Request {
-        match self.config.policy() {
-            Policy::PyTorch => {
-                let rounded = round_size(size, self.config.roundup_power2_divisions());
-                Request {
-                    stream,
-                    pool: PoolKind::for_size(rounded),
-                    size: rounded,
-                    alloc_size: allocation_size(rounded, self.config.large_segment_size()),
-                    expandable: self.config.expandable_segments(),
-                    slot: self.routed_slot(stream),
-                }
-            }
-            Policy::Cachalot => self.compact_request(size, stream),
-        }
+    /// [`Self::malloc_miss`] under the policy `P`.
+    fn malloc_miss_with<P: PolicyRules>(&mut self, request: &Request, size: u64) -> Result<Allocation, AllocatorError> {
+        // Only a miss asks the device, and only its out-of-memory error reads the device's limit.
+        self.last_device_limit = None;
+        let (collects_garbage, routed) = (self.gc_enabled(), !self.routing.is_empty());
+        let mut steps = Apply::<B, P>::new(self, *request);
+        walk(&mut steps, collects_garbage, routed)?;
+        let Some((block, served)) = steps.served() else {
+            return Err(self.out_of_memory(request, size));
+        };
+        let split = P::splits(self, self.blocks[block].size, &served);
+        Ok(self.alloc_found_block(block, &served, size, split))
     }
 
     /// `get_free_block`: the best-fit candidate of the request's stream, if the oversize rules
     /// allow it. Only the single best candidate is examined.
+    ///
+    /// Always inlined into `malloc`, its one caller: left to itself the compiler called it,
+    /// 15 instructions more per malloc (2-4% per op on the op files).
+    #[inline(always)]
     fn get_free_block(&mut self, request: &Request) -> Option<u32> {
         if self.gc_enabled() {
             let pool = super::pool_mut(&mut self.small, &mut self.large, &mut self.private, request.slot, request.pool);
@@ -139,7 +119,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// `get_free_block`'s choice, without taking it: the smallest free block of the request's
     /// stream and pool that fits, where expandable blocks count as the size they can grow to,
     /// within the limits of `max_split_size_mb`. Also the replay's plan of a malloc
-    /// (`inspect.rs`), so the two cannot choose differently.
+    /// (`chain/plan.rs`), so the two cannot choose differently.
+    ///
+    /// Always inlined, as `get_free_block`: called from the plan and the policy too, the
+    /// compiler otherwise called it from the hit path as well (2-3% more instructions per op).
+    #[inline(always)]
     pub(super) fn best_fit(&self, request: &Request) -> Option<u32> {
         let stream = request.stream;
         let pool = &self.pool(request.slot, request.pool).free;
@@ -203,17 +187,11 @@ impl<B: Backend> CachingAllocator<B> {
         Some(it)
     }
 
-    /// `should_split`: small pool or expandable mode keep a remainder of at least 512 bytes;
-    /// the large pool only one of more than 1 MiB, and never for oversize blocks.
+    /// Whether the free block `block` serving `request` is split, as the policy decides it
+    /// ([`PolicyRules::splits`]).
     fn should_split(&self, block: u32, request: &Request) -> bool {
-        let max_split = self.config.max_split_size_raw();
         let block_size = self.blocks[block].size;
-        match self.config.policy() {
-            Policy::PyTorch => {
-                crate::size::should_split(request.pool, request.expandable, max_split, block_size, request.size)
-            }
-            Policy::Cachalot => self.compact_should_split(block_size, request),
-        }
+        with_policy!(self.config.policy(), P => P::splits(self, block_size, request))
     }
 
     /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,
@@ -257,14 +235,12 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `alloc_block`: a new segment (or expandable pages) for the request. `Ok(None)` means out
     /// of memory — the fraction allowance or the device refused; other device errors are `Err`.
-    fn alloc_block(&mut self, request: &Request, is_retry: bool) -> Result<Option<u32>, AllocatorError> {
+    pub(super) fn alloc_block(&mut self, request: &Request, is_retry: bool) -> Result<Option<u32>, AllocatorError> {
         let size = request.alloc_size;
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed_memory_maximum
-            && self.total_allocated_memory.saturating_add(size) > allowed
-        {
+        if !self.fraction_allows(self.total_allocated_memory, size) {
             return Ok(None);
         }
         if request.expandable {
@@ -298,6 +274,13 @@ impl<B: Backend> CachingAllocator<B> {
         self.stats.families().device_alloc(request.pool, size, true, oversize);
         self.record(TraceAction::SegmentAlloc, ptr, size, request.stream, self.current_context);
         Ok(Some(block))
+    }
+
+    /// Whether the memory fraction lets the device hold `size` bytes more than `held`: checked
+    /// before the device is asked, by the malloc and by the replay's plan of it alike.
+    #[inline]
+    pub(super) fn fraction_allows(&self, held: u64, size: u64) -> bool {
+        self.allowed_memory_maximum.is_none_or(|allowed| held.saturating_add(size) <= allowed)
     }
 
     /// Builds the out-of-memory error, records the `oom` trace entry and counts it.

@@ -1,18 +1,17 @@
 //! `CachingAllocator`: one owner of all state for one device, with PyTorch 2.11's policy.
 //!
-//! The policy is split by concept: `malloc` (best fit, split, new segments, the retry chain),
-//! `free` (two-step frees, merging, cross-stream events), `release` (empty_cache, oversize
-//! release, garbage collection), `expandable` (VA reservations and page mapping), `private`
-//! (`MemPool` and CUDA-graph pools) and `inspect` (snapshots, the consistency check, and the
-//! replay's read-only plan of a malloc, with `planned_cuts` for the blocks as
-//! `policy:cachalot`'s planned give-backs would leave them);
-//! `compact` is cachalot's own opt-in policy (`policy:cachalot`), which changes request sizes,
-//! splitting and what a miss gives back first, and nothing else; `object` is the [`Allocator`]
-//! trait that code not generic over the backend holds as `&dyn Allocator`; `devices` keeps one
-//! allocator per device. Every state change goes through these paths, which update the stats
-//! and record the trace entry PyTorch would record.
+//! The policy is split by concept: `malloc` (best fit, splitting, new segments), `chain` (the
+//! out-of-memory retry chain written once: applied by the malloc, and walked over a model of
+//! the device for the replay's questions about a malloc), `free` (two-step frees, merging,
+//! cross-stream events), `release` (empty_cache, oversize release, garbage collection),
+//! `expandable` (VA reservations and page mapping), `private` (`MemPool` and CUDA-graph pools),
+//! `policy` (the decisions a placement policy makes, PyTorch's and `policy:cachalot`'s, behind
+//! one trait) and `inspect` (snapshots and the consistency check); `object` is the
+//! [`Allocator`] trait that code not generic over the backend holds as `&dyn Allocator`;
+//! `devices` keeps one allocator per device. Every state change goes through these paths,
+//! which update the stats and record the trace entry PyTorch would record.
 
-mod compact;
+mod chain;
 mod devices;
 mod expandable;
 mod free;
@@ -20,7 +19,7 @@ mod inspect;
 mod malloc;
 mod object;
 mod observer;
-mod planned_cuts;
+mod policy;
 mod private;
 mod release;
 
@@ -166,13 +165,13 @@ pub struct CachingAllocator<B: Backend> {
     gc_clock_started: bool,
     /// Callbacks called at out-of-memory errors (`observer.rs`).
     oom_observers: OomObservers<B>,
-    /// The vectors `policy:cachalot`'s rule 4 fills at each miss at the peak, kept between
-    /// misses so that it allocates nothing once warm (`compact.rs`).
-    give_back_scratch: compact::GiveBackScratch,
+    /// The vectors a policy's give-backs before a miss fill (`policy:cachalot`'s rule 4, at
+    /// each miss at the peak), kept between misses so that it allocates nothing once warm.
+    give_back_scratch: policy::GiveBacks,
     /// What `policy:cachalot`'s rule 7 knows of a job's repeats: how often live memory fell to
-    /// 0, and when each size first met rule 4's peak (`compact.rs`). Counted under PyTorch's
+    /// 0, and when each size first met rule 4's peak (`policy/cachalot.rs`). Counted under PyTorch's
     /// policy too (one comparison per free), read only by rule 7.
-    repeats: compact::Repeats,
+    repeats: policy::Repeats,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -209,8 +208,8 @@ impl<B: Backend> CachingAllocator<B> {
             contexts_used: false,
             gc_clock_started: false,
             oom_observers: OomObservers::default(),
-            give_back_scratch: compact::GiveBackScratch::default(),
-            repeats: compact::Repeats::default(),
+            give_back_scratch: policy::GiveBacks::default(),
+            repeats: policy::Repeats::default(),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -639,7 +638,7 @@ where
             contexts_used: self.contexts_used,
             gc_clock_started: self.gc_clock_started,
             oom_observers: OomObservers::default(),
-            give_back_scratch: compact::GiveBackScratch::default(),
+            give_back_scratch: policy::GiveBacks::default(),
             repeats: self.repeats.clone(),
         }
     }

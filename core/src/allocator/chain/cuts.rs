@@ -1,8 +1,8 @@
 //! The expandable blocks as `policy:cachalot`'s planned give-backs would leave them (rule 4,
-//! `compact.rs`), read off the state without making them. The replay's plan of a malloc
-//! (`inspect.rs`) searches them for the run the miss then grows over, as
-//! `find_expandable_block` searches the blocks the give-backs really left; the malloc itself
-//! never looks here.
+//! `policy/cachalot.rs`), read off the state without making them. The replay's plan of a malloc
+//! (`plan.rs`) searches them for the run the miss then grows over, as
+//! `find_expandable_block` searches the blocks the give-backs really left: with no cuts, the
+//! view is the blocks as they are, and its search is the malloc's own (`expandable_room`).
 //!
 //! A give-back from the free block `B` unmaps the whole pages `[begin, end)` at its top
 //! (`give_back_from`): what is below them stays a free mapped block (`B`'s pages kept, split
@@ -13,14 +13,14 @@
 //! mapped is released (`release_expandable_segment`). [`CutView`] shows each block as those
 //! [`Part`]s, so that the search and the pieces a miss maps are read as on the blocks left.
 
-use super::CachingAllocator;
-use super::malloc::Request;
+use crate::allocator::CachingAllocator;
+use crate::allocator::malloc::Request;
 use crate::backend::Backend;
 use crate::block::NIL;
 
 /// One block's part in a [`CutView`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Part {
+pub(in crate::allocator) enum Part {
     /// A block no give-back cuts, as it is (mapped: an unmapped one is part of a [`Part::Hole`]).
     Whole(u32),
     /// The pages kept below the ones given back from the block it names.
@@ -33,9 +33,17 @@ pub(super) enum Part {
     Above(u32),
 }
 
+impl Part {
+    /// The block the part names.
+    pub(in crate::allocator) fn block(self) -> u32 {
+        let (Part::Whole(id) | Part::Below(id) | Part::Hole(id) | Part::Above(id)) = self;
+        id
+    }
+}
+
 /// The blocks as the give-backs `cuts` (block, first address given back, end) leave them. Cuts
 /// are of free expandable blocks holding the range, at most one per block, as rule 4 plans them.
-pub(super) struct CutView<'a, B: Backend> {
+pub(in crate::allocator) struct CutView<'a, B: Backend> {
     allocator: &'a CachingAllocator<B>,
     /// The cuts, by block.
     cuts: Vec<(u32, u64, u64)>,
@@ -44,7 +52,7 @@ pub(super) struct CutView<'a, B: Backend> {
 }
 
 impl<'a, B: Backend> CutView<'a, B> {
-    pub(super) fn new(allocator: &'a CachingAllocator<B>, cuts: &[(u32, u64, u64)]) -> Self {
+    pub(in crate::allocator) fn new(allocator: &'a CachingAllocator<B>, cuts: &[(u32, u64, u64)]) -> Self {
         let mut cuts = cuts.to_vec();
         cuts.sort_unstable_by_key(|cut| cut.0);
         let mut view = CutView { allocator, cuts, released: Vec::new() };
@@ -128,7 +136,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// The part after `part` in its segment.
-    pub(super) fn next(&self, part: Part) -> Option<Part> {
+    pub(in crate::allocator) fn next(&self, part: Part) -> Option<Part> {
         let blocks = &self.allocator.blocks;
         let last = match part {
             Part::Below(id) => return Some(Part::Hole(id)),
@@ -146,7 +154,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// The address, bytes and whether mapped of `part`.
-    pub(super) fn span(&self, part: Part) -> (u64, u64, bool) {
+    pub(in crate::allocator) fn span(&self, part: Part) -> (u64, u64, bool) {
         let blocks = &self.allocator.blocks;
         match part {
             Part::Whole(id) => (blocks[id].ptr, blocks[id].size, blocks[id].mapped),
@@ -168,7 +176,7 @@ impl<'a, B: Backend> CutView<'a, B> {
     }
 
     /// Whether `part` may serve a request: free or unmapped (a cut block is free).
-    pub(super) fn is_allocatable(&self, part: Part) -> bool {
+    pub(in crate::allocator) fn is_allocatable(&self, part: Part) -> bool {
         match part {
             Part::Whole(id) => self.allocator.blocks.is_allocatable(id),
             Part::Below(_) | Part::Hole(_) | Part::Above(_) => true,
@@ -185,9 +193,15 @@ impl<'a, B: Backend> CutView<'a, B> {
     /// first part begins.
     ///
     /// Under `policy:cachalot`, for a miss that recurs in a repeat of the job (rule 7), the
-    /// lowest of the runs that map the fewest pages, as `expandable_room` chooses it: each run
-    /// is counted over the parts the cuts leave (a hole's pages given back are mapped again).
-    pub(super) fn room(&self, request: &Request) -> Option<Part> {
+    /// lowest of the runs that map the fewest pages: each run is counted over the parts the
+    /// cuts leave (a hole's pages given back are mapped again). PyTorch's lowest run may map
+    /// many pages beside a free block that one page would have grown; in a repeat at rule 7's
+    /// ceiling each page mapped is one given back from the largest free blocks, the places of
+    /// the job's other recurring requests (trace-gpt_train's 131 and 139 MB logits took each
+    /// other's pages on every repeat).
+    ///
+    /// With no cuts, the blocks as they are: the malloc's own search (`expandable_room`).
+    pub(in crate::allocator) fn room(&self, request: &Request) -> Option<Part> {
         let allocator = self.allocator;
         let fewest_pages = allocator.maps_fewest_pages(request);
         let mut fewest: Option<(u64, Part)> = None;
@@ -268,8 +282,7 @@ impl<'a, B: Backend> CutView<'a, B> {
         {
             let (_, len, mapped) = self.span(current);
             if !mapped {
-                let (Part::Whole(id) | Part::Below(id) | Part::Hole(id) | Part::Above(id)) = current;
-                let (_, page) = self.allocator.segment_pages(blocks[id].segment);
+                let (_, page) = self.allocator.segment_pages(blocks[current.block()].segment);
                 to_map += (size - bytes).min(len).div_ceil(page) * page;
             }
             bytes += len;

@@ -70,21 +70,20 @@
 //! complete, so neither the block nor its segment can be returned early, and a free block only
 //! ever serves requests of its own stream.
 
-use super::CachingAllocator;
-use super::malloc::Request;
+use super::{GiveBack, GiveBacks, PolicyRules};
+use crate::allocator::CachingAllocator;
+use crate::allocator::malloc::Request;
 use crate::backend::{Backend, StreamId};
-use crate::config::Policy;
-use crate::error::AllocatorError;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_BUFFER};
 
-impl<B: Backend> CachingAllocator<B> {
-    /// The page size of large-pool expandable segments under this policy: the device's mapping
-    /// granularity (2 MiB on CUDA), not PyTorch's 20 MiB, so an unmapped hole wastes less.
-    pub(super) const COMPACT_LARGE_PAGE: u64 = ROUND_LARGE;
+/// cachalot's rules ([`PolicyRules`]), rules 1–7 above.
+pub(in crate::allocator) struct Cachalot;
 
-    /// The block and segment sizes for a request of `size` (> 0) bytes under this policy.
+impl PolicyRules for Cachalot {
+    /// Rules 1 and 2: the block rounded to 512 bytes, pages where the device maps them, and
+    /// otherwise a large segment of the rounded request rounded up to 2 MiB.
     #[inline]
-    pub(super) fn compact_request(&self, size: u64, stream: StreamId) -> Request {
+    fn request<B: Backend>(allocator: &CachingAllocator<B>, size: u64, stream: StreamId) -> Request {
         let rounded = size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE;
         let pool = PoolKind::for_size(rounded);
         let alloc_size = match pool {
@@ -93,85 +92,95 @@ impl<B: Backend> CachingAllocator<B> {
         };
         // Pages, where the device can map them: a hole then costs at most the pages it does not
         // fill, and fully free pages go back on a miss even inside a segment still in use.
-        let expandable = self.backend.device().supports_expandable_segments;
-        Request { stream, pool, size: rounded, alloc_size, expandable, slot: self.routed_slot(stream) }
+        let expandable = allocator.backend.device().supports_expandable_segments;
+        Request { stream, pool, size: rounded, alloc_size, expandable, slot: allocator.routed_slot(stream) }
     }
 
-    /// Whether a free block of `block_size` bytes serving `request` is split: whenever the
-    /// remainder can hold a block, except for oversize requests (`max_split_size_mb`) outside
-    /// pages, which keep PyTorch's meaning of never splitting. In pages they split, as PyTorch
-    /// splits every block of expandable segments: the cache keeps free memory up to the peak,
-    /// and an oversize request handed a larger cached block whole would hold its tail unused.
+    /// Rule 3: not when the block is a whole cached segment larger than the segment a miss
+    /// would take: splitting it would pin the whole segment under a smaller block, while a miss
+    /// returns it to the device and takes only what the request needs.
     #[inline]
-    pub(super) fn compact_should_split(&self, block_size: u64, request: &Request) -> bool {
+    fn keeps_hit<B: Backend>(allocator: &CachingAllocator<B>, block: u32, request: &Request) -> bool {
+        let b = &allocator.blocks[block];
+        b.expandable || b.is_split() || b.size <= request.alloc_size
+    }
+
+    /// Whenever the remainder can hold a block, except for oversize requests
+    /// (`max_split_size_mb`) outside pages, which keep PyTorch's meaning of never splitting.
+    /// In pages they split, as PyTorch splits every block of expandable segments: the cache
+    /// keeps free memory up to the peak, and an oversize request handed a larger cached block
+    /// whole would hold its tail unused.
+    #[inline]
+    fn splits<B: Backend>(allocator: &CachingAllocator<B>, block_size: u64, request: &Request) -> bool {
         block_size - request.size >= MIN_BLOCK_SIZE
-            && (request.expandable || request.size < self.config.max_split_size_raw())
+            && (request.expandable || request.size < allocator.config.max_split_size_raw())
     }
 
-    /// The best-fit block `block` (taken out of its pool) if it should serve `request`; `None`
-    /// (the block back in its pool) when it is a whole cached segment larger than the segment a
-    /// miss would take: splitting it would pin the whole segment under a smaller block, while a
-    /// miss returns it to the device and takes only what the request needs.
-    #[inline]
-    pub(super) fn compact_keep_hit(&mut self, block: u32, request: &Request) -> Option<u32> {
-        let b = &self.blocks[block];
-        if b.expandable || b.is_split() || b.size <= request.alloc_size {
-            return Some(block);
+    /// Rule 2: the device's mapping granularity (2 MiB on CUDA), not PyTorch's 20 MiB, so an
+    /// unmapped hole wastes less.
+    fn large_page_size<B: Backend>(_: &CachingAllocator<B>) -> u64 {
+        ROUND_LARGE
+    }
+
+    /// Rule 5: the free block of the small pool that serves a large-pool miss for `request`
+    /// when that miss would take reserved memory above its peak, and the request as the small
+    /// pool serves it (counted there); `None` otherwise. Only in pages, and only that way
+    /// round.
+    ///
+    /// At the peak, rule 4 would give a page back and map one for the miss: with a free run
+    /// of small-pool pages large enough, that moves a page from one pool to the other, two
+    /// device calls for memory the cache already holds, and a job whose two pools peak at
+    /// different times moves them back and forth on every repeat (trace-kvcache_infer, 24
+    /// calls a repeat; no layout of two separate pools fits its peak: each pool's own peak,
+    /// in pages, adds up to more than 1.15× the job's). The other way round (a small request
+    /// taking a large-pool block at the peak) was tried and not kept: small blocks, often
+    /// long-lived, then pin pages among large ones, and convnet_train no longer settled.
+    /// Below the peak each pool maps its own pages, as before. Its cost is on misses only: a
+    /// best-fit search of the small pool, then, where it finds a block, the walk rule 4 makes
+    /// anyway.
+    fn other_pool_block<B: Backend>(allocator: &CachingAllocator<B>, request: &Request) -> Option<(u32, Request)> {
+        if request.pool != PoolKind::Large || !request.expandable {
+            return None;
         }
-        self.insert_free(block);
-        None
+        let served = Request { pool: PoolKind::Small, ..*request };
+        let block = allocator.best_fit(&served)?;
+        // Pages only: a whole ordinary small segment (left from a run under PyTorch's policy)
+        // keeps rule 3's meaning, and stays for requests of its own pool.
+        if !allocator.blocks[block].expandable {
+            return None;
+        }
+        allocator.excess_over_peak(request)?;
+        Some((block, served))
     }
 
-    /// Before a cache miss takes new memory for `request`: if that would raise reserved memory
-    /// above its peak so far, gives back just enough cached memory that it does not — fully
-    /// free pages and entirely free segments of any stream, in both pools for a large request
-    /// and in the small pool only for a small one (rule 6), taken from the largest free blocks
-    /// down — or all there is, when that is not enough. Below the peak the cache is kept, as
-    /// PyTorch keeps it.
+    /// Rules 4, 6 and 7: if the miss would raise reserved memory above its peak so far, just
+    /// enough cached memory that it does not — fully free pages and entirely free segments of
+    /// any stream, in both pools for a large request and in the small pool only for a small
+    /// one (rule 6), taken from the largest free blocks down — or all there is, when that is
+    /// not enough; in a repeat of the job (rule 7), only what passes the ceiling. Below the
+    /// peak the cache is kept, as PyTorch keeps it.
     ///
     /// Only the excess goes back, not the whole cache: a job that comes back to sizes it freed
     /// (the next step of a training loop) finds most of them still cached. The excess is what
     /// the miss really maps (a free block it grows into counts), and the pages it grows into
     /// are not given back, so the peak rises only when the cache holds too little to give,
     /// as when everything was given back.
-    pub(super) fn return_free_memory_before(&mut self, request: &Request) -> Result<(), AllocatorError> {
-        // The vectors of the last miss are reused (an error drops them: the next miss makes new ones).
-        let mut scratch = std::mem::take(&mut self.give_back_scratch);
-        self.give_backs_before_peak(request, &mut scratch);
-        // Rule 7 remembers the first repeat in which a miss of this size met the peak (whether
-        // or not it gave anything back: an allowance granted is a recurrence too). Misses at
-        // the peak are few, and each adds at most one size.
-        if scratch.at_peak {
-            let repeat = self.repeats.times_emptied;
-            self.repeats.first_peak_miss.entry(request.size).or_insert(repeat);
-        }
-        for give_back in &scratch.plan {
-            let given = self.give_back_from(give_back.block, give_back.wanted)?;
-            debug_assert_eq!(given, give_back.bytes, "rule 4 gave back what its plan said");
-        }
-        self.give_back_scratch = scratch;
-        Ok(())
-    }
-
-    /// Rule 4's choice, made without giving anything back: the free blocks a miss for
-    /// `request` gives back from, in order, with what each gives, in `scratch.plan` (cleared
-    /// first). Empty below the peak. Read only, so that the replay's plan of a malloc
-    /// (`inspect.rs`) and the malloc itself take the same blocks. The walk visits the blocks it
-    /// gives back from, plus one per stream, never every free block; giving back from a block
-    /// changes neither the blocks the walk has still to visit nor their order (a block's kept
-    /// pages, split off below it, are only made when its pages cover what is left, which ends
-    /// the walk).
-    pub(super) fn give_backs_before_peak(&self, request: &Request, scratch: &mut GiveBackScratch) {
-        let GiveBackScratch { plan, cursors, at_peak } = scratch;
+    ///
+    /// The walk visits the blocks it gives back from, plus one per stream, never every free
+    /// block; giving back from a block changes neither the blocks the walk has still to visit
+    /// nor their order (a block's kept pages, split off below it, are only made when its pages
+    /// cover what is left, which ends the walk).
+    fn give_backs_before_miss<B: Backend>(allocator: &CachingAllocator<B>, request: &Request, scratch: &mut GiveBacks) {
+        let GiveBacks { plan, cursors, at_peak } = scratch;
         plan.clear();
         *at_peak = false;
-        let Some((mut excess, spot)) = self.excess_over_peak(request) else {
+        let Some((mut excess, spot)) = allocator.excess_over_peak(request) else {
             return;
         };
         *at_peak = true;
         // Rule 7: a miss that recurs in a repeat of the job keeps the cache up to the ceiling.
-        if let Some(ceiling) = self.repeat_ceiling(request) {
-            let wanted = self.stats.max_memory_reserved() + excess;
+        if let Some(ceiling) = allocator.repeat_ceiling(request) {
+            let wanted = allocator.stats.max_memory_reserved() + excess;
             excess = wanted.saturating_sub(ceiling);
             if excess == 0 {
                 return;
@@ -184,11 +193,12 @@ impl<B: Backend> CachingAllocator<B> {
             if request.pool == PoolKind::Small && kind == PoolKind::Large {
                 continue;
             }
-            let free = &self.pool(request.slot, kind).free;
+            let free = &allocator.pool(request.slot, kind).free;
             for stream in free.streams() {
                 cursors.push((kind, free.last_below(stream, u64::MAX)));
             }
         }
+        let blocks = &allocator.blocks;
         while excess > 0 {
             // The largest block left among the cursors; blocks below a page hold no whole page
             // (and are no whole segment under this policy, whose segments are whole pages).
@@ -196,21 +206,21 @@ impl<B: Backend> CachingAllocator<B> {
                 .iter()
                 .enumerate()
                 .filter_map(|(at, &(_, id))| id.map(|id| (at, id)))
-                .max_by_key(|&(_, id)| (self.blocks[id].size, std::cmp::Reverse(self.blocks[id].ptr)))
+                .max_by_key(|&(_, id)| (blocks[id].size, std::cmp::Reverse(blocks[id].ptr)))
             else {
                 break;
             };
-            if self.blocks[id].size < ROUND_LARGE {
+            if blocks[id].size < ROUND_LARGE {
                 break;
             }
             let kind = cursors[at].0;
-            cursors[at].1 = self.pool(request.slot, kind).free.predecessor(&self.blocks, id);
+            cursors[at].1 = allocator.pool(request.slot, kind).free.predecessor(blocks, id);
             // The free pages the miss will grow into are not given back only to be mapped again.
-            let b = &self.blocks[id];
+            let b = &blocks[id];
             if spot.is_some_and(|(segment, begin, end)| b.segment == segment && b.ptr < end && b.ptr + b.size > begin) {
                 continue;
             }
-            let bytes = self.bytes_given_back_from(id, excess);
+            let bytes = allocator.bytes_given_back_from(id, excess);
             if bytes > 0 {
                 plan.push(GiveBack { block: id, wanted: excess, bytes });
                 excess = excess.saturating_sub(bytes);
@@ -218,6 +228,14 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// Rule 7: a miss that recurs in a repeat of the job ([`CachingAllocator::recurs_in_a_repeat`])
+    /// maps where it maps the fewest pages (`expandable_room`).
+    fn maps_fewest_pages<B: Backend>(allocator: &CachingAllocator<B>, request: &Request) -> bool {
+        allocator.recurs_in_a_repeat(request)
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
     /// Rule 7: the reserved memory a miss for `request` at the peak may raise the peak to
     /// instead of giving cached memory back, or `None` where rule 4 applies as it is: only
     /// when a miss of the same size met the peak before live memory last fell to 0, i.e. in an
@@ -237,7 +255,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// layout needs turns this rule back into rule 4 at a higher peak, with the same moves
     /// (trace-convnet_train at 1.10×: one page short of the 98 its repeats need, so a 16 MiB
     /// and a 32 MiB miss moved one page between them, 4 calls every repeat).
-    /// Read only: the replay's plan of a malloc (`inspect.rs`) asks it too.
+    /// Read only: the replay's plan of a malloc (`chain/`) asks it too.
     fn repeat_ceiling(&self, request: &Request) -> Option<u64> {
         if !self.recurs_in_a_repeat(request) {
             return None;
@@ -251,17 +269,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// before live memory last fell to 0. Such a miss keeps the cache up to the ceiling
     /// ([`Self::repeat_ceiling`]) and maps where it maps the fewest pages
     /// (`expandable_room`). One hash lookup, on misses only. Read only: the replay's plan of a
-    /// malloc (`inspect.rs`, `planned_cuts.rs`) asks it too.
+    /// malloc (`chain/`) asks it too.
     pub(super) fn recurs_in_a_repeat(&self, request: &Request) -> bool {
         let repeats = &self.repeats;
         repeats.first_peak_miss.get(&request.size).is_some_and(|&first| first != repeats.times_emptied)
-    }
-
-    /// Whether a miss for `request` maps where it maps the fewest pages (rule 7) rather than
-    /// in the lowest run that holds it (PyTorch's `find_expandable_block`): the one place that
-    /// decides it, for the malloc (`expandable_room`) and its plan (`CutView::room`) alike.
-    pub(super) fn maps_fewest_pages(&self, request: &Request) -> bool {
-        self.config.policy() == Policy::Cachalot && self.recurs_in_a_repeat(request)
     }
 
     /// By how much a miss for `request` would take reserved memory above its peak so far, and
@@ -277,37 +288,6 @@ impl<B: Backend> CachingAllocator<B> {
         (wanted > peak).then(|| (wanted - peak, spot))
     }
 
-    /// Rule 5: the free block of the small pool that serves a large-pool miss for `request`
-    /// when that miss would take reserved memory above its peak, and the request as the small
-    /// pool serves it (counted there); `None` otherwise. Only in pages, and only that way
-    /// round.
-    ///
-    /// At the peak, rule 4 would give a page back and map one for the miss: with a free run
-    /// of small-pool pages large enough, that moves a page from one pool to the other, two
-    /// device calls for memory the cache already holds, and a job whose two pools peak at
-    /// different times moves them back and forth on every repeat (trace-kvcache_infer, 24
-    /// calls a repeat; no layout of two separate pools fits its peak: each pool's own peak,
-    /// in pages, adds up to more than 1.15× the job's). The other way round (a small request
-    /// taking a large-pool block at the peak) was tried and not kept: small blocks, often
-    /// long-lived, then pin pages among large ones, and convnet_train no longer settled.
-    /// Below the peak each pool maps its own pages, as before. Read only: the replay's plan of
-    /// a malloc (`inspect.rs`) asks it too. Its cost is on misses only: a best-fit search of
-    /// the small pool, then, where it finds a block, the walk rule 4 makes anyway.
-    pub(super) fn other_pool_block_at_peak(&self, request: &Request) -> Option<(u32, Request)> {
-        if self.config.policy() != Policy::Cachalot || request.pool != PoolKind::Large || !request.expandable {
-            return None;
-        }
-        let served = Request { pool: PoolKind::Small, ..*request };
-        let block = self.best_fit(&served)?;
-        // Pages only: a whole ordinary small segment (left from a run under PyTorch's policy)
-        // keeps rule 3's meaning, and stays for requests of its own pool.
-        if !self.blocks[block].expandable {
-            return None;
-        }
-        self.excess_over_peak(request)?;
-        Some((block, served))
-    }
-
     /// The bytes a miss for `request` takes from the device, and where in an expandable
     /// segment it takes them (segment, first and last address of the free and unmapped blocks
     /// it joins): `find_expandable_block`'s choice, without reserving address space. A free
@@ -320,106 +300,34 @@ impl<B: Backend> CachingAllocator<B> {
         let run = self.run_from(start, request.size);
         (run.to_map, Some((self.blocks[start].segment, self.blocks[start].ptr, run.end)))
     }
-
-    /// The page range `give_back_from(id, wanted)` unmaps from the expandable free block `id`
-    /// (first page and end, counted from its segment's base, with the page size), or `None`
-    /// where the block holds no whole page.
-    pub(super) fn pages_given_back_from(&self, id: u32, wanted: u64) -> Option<(u64, u64, u64)> {
-        let b = &self.blocks[id];
-        let (base, page) = self.segment_pages(b.segment);
-        let first = (b.ptr - base).div_ceil(page);
-        let end = (b.ptr + b.size - base) / page;
-        (first < end).then(|| (first.max(end - wanted.div_ceil(page).min(end - first)), end, page))
-    }
-
-    /// The bytes `give_back_from(id, wanted)` gives back, without giving them.
-    fn bytes_given_back_from(&self, id: u32, wanted: u64) -> u64 {
-        let b = &self.blocks[id];
-        match b.expandable {
-            false if b.is_split() => 0,
-            false => b.size,
-            true => self.pages_given_back_from(id, wanted).map_or(0, |(begin, end, page)| (end - begin) * page),
-        }
-    }
-
-    /// Gives back up to about `wanted` bytes of the free block `id`: the fully free pages at
-    /// its top, as few as cover `wanted`, or the whole block if it is an entire ordinary
-    /// segment. Returns the bytes given back.
-    fn give_back_from(&mut self, id: u32, wanted: u64) -> Result<u64, AllocatorError> {
-        let b = &self.blocks[id];
-        if !b.expandable {
-            if b.is_split() {
-                return Ok(0);
-            }
-            let size = b.size;
-            self.release_block(id)?;
-            return Ok(size);
-        }
-        let Some((begin, end, page)) = self.pages_given_back_from(id, wanted) else {
-            return Ok(0);
-        };
-        let ptr = self.blocks[id].ptr;
-        let cut = self.segments[self.blocks[id].segment].base + begin * page;
-        if cut > ptr {
-            // The pages kept stay mapped as a free block of their own below the ones unmapped.
-            self.remove_free(id);
-            let below = self.blocks.insert(self.sibling(id, ptr, cut - ptr));
-            let prev = self.blocks[id].prev;
-            self.splice(below, prev, id);
-            self.insert_free(below);
-            let b = &mut self.blocks[id];
-            b.ptr = cut;
-            b.size -= cut - ptr;
-            self.insert_free(id);
-        }
-        self.unmap_block(id)?;
-        if !self.blocks[id].is_split() {
-            self.release_expandable_segment(id)?;
-        }
-        Ok((end - begin) * page)
-    }
 }
 
 /// Rule 7's ceiling, in percent of peak allocated: the policy's goal for peak reserved (issue
 /// 18, `trace/tests/own_policy.rs`), which a job's repeats then keep too.
-pub(super) const REPEAT_CEILING_PERCENT: u64 = 115;
+pub(in crate::allocator) const REPEAT_CEILING_PERCENT: u64 = 115;
 
 /// What rule 7 ([`CachingAllocator::repeat_ceiling`]) knows of a job's repeats.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Repeats {
+pub(in crate::allocator) struct Repeats {
     /// How many times a free left no live memory (every policy counts it: one comparison per
     /// free); each time starts what rule 7 takes for a repeat of the job.
-    pub(super) times_emptied: u64,
+    pub(in crate::allocator) times_emptied: u64,
     /// For each request size (rounded) a miss of which met rule 4's peak: `times_emptied` then,
     /// the first time. Grows by at most one entry per miss at the peak, never on a hit.
     first_peak_miss: std::collections::HashMap<u64, u64>,
 }
 
+impl Repeats {
+    /// A miss of `size` bytes (rounded) met the peak: remembered the first time.
+    pub(in crate::allocator) fn met_peak(&mut self, size: u64) {
+        let repeat = self.times_emptied;
+        self.first_peak_miss.entry(size).or_insert(repeat);
+    }
+}
+
 /// Where in an expandable segment a miss maps ([`CachingAllocator::memory_a_miss_takes`]): the
 /// segment, and the first and end address of the free and unmapped blocks it joins.
 type MissSpot = (u32, u64, u64);
-
-/// What rule 4's walk ([`CachingAllocator::give_backs_before_peak`]) fills: its plan, and its
-/// cursors, one per (pool, stream) at the largest free block not yet visited. The allocator
-/// keeps one between misses, so that a warm walk allocates nothing: a miss at the peak under
-/// `policy:cachalot` allocated and freed both vectors, 2.6% of trace-multistream's instructions.
-#[derive(Debug, Default)]
-pub(super) struct GiveBackScratch {
-    pub(super) plan: Vec<GiveBack>,
-    /// Whether the miss would have passed the peak (rule 4's trigger), whatever rule 7 allowed.
-    at_peak: bool,
-    cursors: Vec<(PoolKind, Option<u32>)>,
-}
-
-/// One step of rule 4's walk ([`CachingAllocator::give_backs_before_peak`]): the free block
-/// given back from, the bytes still wanted when it is reached, and the bytes it gives (one
-/// `segment_free` or `segment_unmap` entry).
-#[derive(Debug)]
-pub(super) struct GiveBack {
-    pub(super) block: u32,
-    pub(super) wanted: u64,
-    pub(super) bytes: u64,
-}
 
 #[cfg(test)]
 mod tests {
