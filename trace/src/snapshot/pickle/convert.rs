@@ -11,7 +11,7 @@
 
 use super::*;
 use place::{At, Spot};
-use stream::{Data, Flow, Kind, MAX_FIELDS, Node, PendingBlock, Role, Stream, Val};
+use stream::{Data, Fields, Flow, Kind, MAX_FIELDS, Node, PendingBlock, Role, Stream, Val};
 
 impl<'b> Stream<'b> {
     /// Python's name for the type of a value, with an article.
@@ -37,73 +37,83 @@ impl<'b> Stream<'b> {
     }
 
     /// A field that must be there.
-    fn required<T>(&self, value: Option<T>, spot: Spot<'_>) -> Flow<T> {
-        match (value, spot.tail) {
-            (Some(value), _) => Ok(value),
-            (None, place::Tail::Field(name)) => Err(self.invalid(spot.at.here(), format!("missing key {name:?}"))),
-            (None, _) => Err(self.invalid(spot, "missing")),
-        }
+    #[inline]
+    fn required<'s, T>(&self, value: Option<T>, spot: impl FnOnce() -> Spot<'s>) -> Flow<T> {
+        let Some(value) = value else {
+            let spot = spot();
+            return Err(match spot.tail {
+                place::Tail::Field(name) => self.invalid(spot.at.here(), format!("missing key {name:?}")),
+                _ => self.invalid(spot, "missing"),
+            });
+        };
+        Ok(value)
     }
 
     /// A size or an address (`size_t`).
-    fn unsigned(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<u64>> {
+    #[inline]
+    fn unsigned<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<u64>> {
         match val {
             None => Ok(None),
             Some(Val::Big(u)) => Ok(Some(u)),
             Some(Val::Int(i)) => match u64::try_from(i) {
                 Ok(u) => Ok(Some(u)),
-                Err(_) => Err(self.invalid(spot, format!("expected a non-negative integer, found {i}"))),
+                Err(_) => Err(self.invalid(spot(), format!("expected a non-negative integer, found {i}"))),
             },
-            Some(other) => Err(self.expected(spot, "an integer", other)),
+            Some(other) => Err(self.expected(spot(), "an integer", other)),
         }
     }
 
     /// A signed 64-bit field (a time, a device, a count).
-    fn signed(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<i64>> {
+    #[inline]
+    fn signed<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<i64>> {
         match val {
             None => Ok(None),
             Some(Val::Int(i)) => Ok(Some(i)),
-            Some(Val::Big(u)) => Err(self.invalid(spot, format!("{u} does not fit in a signed 64-bit integer"))),
-            Some(other) => Err(self.expected(spot, "an integer", other)),
+            Some(Val::Big(u)) => Err(self.invalid(spot(), format!("{u} does not fit in a signed 64-bit integer"))),
+            Some(other) => Err(self.expected(spot(), "an integer", other)),
         }
     }
 
     /// A 64-bit field written signed by some writers and unsigned by others (a stream handle,
     /// a frame's line, a pool id): its 64 bits.
-    fn bits(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<u64>> {
+    #[inline]
+    fn bits<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<u64>> {
         match val {
             None => Ok(None),
             Some(Val::Int(i)) => Ok(Some(i as u64)),
             Some(Val::Big(u)) => Ok(Some(u)),
-            Some(other) => Err(self.expected(spot, "an integer", other)),
+            Some(other) => Err(self.expected(spot(), "an integer", other)),
         }
     }
 
-    fn float(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<f64>> {
+    #[inline]
+    fn float<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<f64>> {
         match val {
             None => Ok(None),
             Some(Val::Float(f)) => Ok(Some(f)),
             Some(Val::Int(i)) => Ok(Some(i as f64)),
             Some(Val::Big(u)) => Ok(Some(u as f64)),
-            Some(other) => Err(self.expected(spot, "a float", other)),
+            Some(other) => Err(self.expected(spot(), "a float", other)),
         }
     }
 
-    fn boolean(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<bool>> {
+    #[inline]
+    fn boolean<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<bool>> {
         match val {
             None => Ok(None),
             Some(Val::Bool(b)) => Ok(Some(b)),
-            Some(other) => Err(self.expected(spot, "a bool", other)),
+            Some(other) => Err(self.expected(spot(), "a bool", other)),
         }
     }
 
-    fn string(&self, val: Option<Val>, spot: Spot<'_>) -> Flow<Option<&'b str>> {
+    #[inline]
+    fn string<'s>(&self, val: Option<Val>, spot: impl FnOnce() -> Spot<'s>) -> Flow<Option<&'b str>> {
         match val {
             None => Ok(None),
             Some(val) => match self.text(val) {
                 Some(text) => Ok(Some(text)),
-                None if matches!(val, Val::Str { .. }) => Err(self.invalid(spot, "not valid UTF-8")),
-                None => Err(self.expected(spot, "a string", val)),
+                None if matches!(val, Val::Str { .. }) => Err(self.invalid(spot(), "not valid UTF-8")),
+                None => Err(self.expected(spot(), "a string", val)),
             },
         }
     }
@@ -137,67 +147,88 @@ impl<'b> Stream<'b> {
     }
 
     /// Moves a typed container's data out: each list, segment or entry is converted once.
+    #[inline]
     fn take<T>(&mut self, val: Val, role: Role, at: At, unwrap: fn(Data) -> Option<T>) -> Flow<T> {
+        if let Val::Node(index) = val
+            && let Some(node) = self.nodes.get_mut(index as usize)
+            && node.role == role
+        {
+            let kind = node.kind;
+            return match unwrap(std::mem::replace(&mut node.data, Data::Nothing)) {
+                Some(data) => Ok(data),
+                None => Err(self.invalid(
+                    at.here(),
+                    format!(
+                        "{} that already stands at an earlier place (shared through the pickle's memo); \
+                         PyTorch writes each one once",
+                        kind.article()
+                    ),
+                )),
+            };
+        }
         self.check_node(val, role, at)?;
-        let Val::Node(index) = val else { return Err(self.expected(at.here(), role.expected(), val)) };
-        let data = std::mem::replace(&mut self.nodes[index as usize].data, Data::Nothing);
-        unwrap(data).ok_or_else(|| {
-            let kind = self.nodes[index as usize].kind.article();
-            self.invalid(
-                at.here(),
-                format!(
-                    "{kind} that already stands at an earlier place (shared through the pickle's memo); \
-                     PyTorch writes each one once"
-                ),
-            )
+        Err(self.expected(at.here(), role.expected(), val))
+    }
+
+    /// A typed dict's fields, moved out. Read them and hand the box to [`Stream::recycle`].
+    fn fields(&mut self, val: Val, role: Role, at: At) -> Flow<Box<Fields>> {
+        self.take(val, role, at, |data| match data {
+            Data::Fields(fields) => Some(fields),
+            _ => None,
         })
     }
 
-    /// A typed dict's fields, moved out; its box goes back to the spares for the next dict.
-    fn fields(&mut self, val: Val, role: Role, at: At) -> Flow<[Option<Val>; MAX_FIELDS]> {
-        let mut boxed = self.take(val, role, at, |data| match data {
-            Data::Fields(fields) => Some(fields),
-            _ => None,
-        })?;
-        let values = std::mem::replace(&mut boxed.values, [None; MAX_FIELDS]);
-        self.spare.push(boxed);
-        Ok(values)
+    /// A dict's field box, emptied for the next dict: one allocation per dict alive at once.
+    fn recycle(&mut self, mut fields: Box<Fields>) {
+        fields.values = [None; MAX_FIELDS];
+        self.spare.push(fields);
     }
 
-    /// A frame list: interned once, by the list (its memo identity).
-    fn stack_id(&mut self, val: Val, at: At) -> Flow<ContextId> {
+    /// The frame list `val` under `owner`'s `frames`: interned once, by the list (its memo
+    /// identity).
+    fn stack_id(&mut self, val: Val, owner: At) -> Flow<ContextId> {
+        if let Val::Node(index) = val
+            && let Some(node) = self.nodes.get_mut(index as usize)
+            && node.role == Role::Stack
+        {
+            let id = match &node.data {
+                Data::Interned(id) => *id,
+                Data::Frames(list) => self.contexts.intern(&list.items),
+                _ => {
+                    let at = owner.child(Role::Stack);
+                    return Err(self.invalid(at.here(), "a list of frames still being built (corrupt file?)"));
+                }
+            };
+            node.data = Data::Interned(id);
+            return Ok(id);
+        }
+        let at = owner.child(Role::Stack);
         self.check_node(val, Role::Stack, at)?;
-        let Val::Node(index) = val else { return Err(self.expected(at.here(), Role::Stack.expected(), val)) };
-        let node = &mut self.nodes[index as usize];
-        let id = match &node.data {
-            Data::Interned(id) => *id,
-            Data::Frames(list) => self.contexts.intern(&list.items),
-            _ => return Err(self.invalid(at.here(), "a list of frames still being built (corrupt file?)")),
-        };
-        node.data = Data::Interned(id);
-        Ok(id)
+        Err(self.expected(at.here(), Role::Stack.expected(), val))
     }
 
-    /// A segment's or block's stack: `[]` (PyTorch's "none recorded") is `None`.
-    fn stack_or_none(&mut self, val: Option<Val>, at: At) -> Flow<Option<ContextId>> {
+    /// A segment's or block's stack (`owner`'s `frames`): `[]` (PyTorch's "none recorded") is `None`.
+    fn stack_or_none(&mut self, val: Option<Val>, owner: At) -> Flow<Option<ContextId>> {
         let Some(val) = val else { return Ok(None) };
-        self.check_node(val, Role::Stack, at)?;
+        self.check_node(val, Role::Stack, owner.child(Role::Stack))?;
         let empty = match self.node(val).map(|n| &n.data) {
             Some(Data::Frames(list)) => list.items.is_empty(),
             Some(Data::Interned(id)) => self.contexts.frames(*id).is_empty(),
             _ => false,
         };
-        if empty { Ok(None) } else { self.stack_id(val, at).map(Some) }
+        if empty { Ok(None) } else { self.stack_id(val, owner).map(Some) }
     }
 
     pub(super) fn frame(&mut self, val: Val, at: At) -> Flow<Frame> {
         if let Some(Node { data: Data::Frame(frame), role: Role::Frame, .. }) = self.node(val) {
             return Ok(Frame::clone(frame));
         }
-        let [filename, line, name, ..] = self.fields(val, Role::Frame, at)?;
-        let filename = self.required(self.string(filename, at.field("filename"))?, at.field("filename"))?;
-        let line = self.required(self.bits(line, at.field("line"))?, at.field("line"))?;
-        let name = self.required(self.string(name, at.field("name"))?, at.field("name"))?;
+        let fields = self.fields(val, Role::Frame, at)?;
+        let [filename, line, name, ..] = fields.values;
+        self.recycle(fields);
+        let filename = self.required(self.string(filename, || at.field("filename"))?, || at.field("filename"))?;
+        let line = self.required(self.bits(line, || at.field("line"))?, || at.field("line"))?;
+        let name = self.required(self.string(name, || at.field("name"))?, || at.field("name"))?;
         // The line keeps PyTorch's 64 bits in our signed field: an unknown one, 2^64 - 1, is -1.
         let frame = Frame { filename: self.name(filename), line: line as i64, name: self.name(name) };
         if let Val::Node(index) = val {
@@ -223,9 +254,11 @@ impl<'b> Stream<'b> {
     }
 
     pub(super) fn entry(&mut self, val: Val, at: At) -> Flow<TraceEntry> {
+        let fields = self.fields(val, Role::Entry, at)?;
         let [action, addr, device_free, size, stream, time_us, frames, compile_context, user_metadata, ..] =
-            self.fields(val, Role::Entry, at)?;
-        let name = self.required(self.string(action, at.field("action"))?, at.field("action"))?;
+            fields.values;
+        self.recycle(fields);
+        let name = self.required(self.string(action, || at.field("action"))?, || at.field("action"))?;
         let Some(action) = TraceAction::from_name(name) else {
             let known: Vec<&str> = TraceAction::ALL.iter().map(|a| a.name()).collect();
             let message = format!("unknown action {name:?} (known: {})", known.join(", "));
@@ -233,23 +266,23 @@ impl<'b> Stream<'b> {
         };
         // An `oom` entry keeps the device's free bytes under `device_free` instead of `addr`.
         let addr = match (action, device_free) {
-            (TraceAction::Oom, Some(_)) => self.unsigned(device_free, at.field("device_free"))?,
+            (TraceAction::Oom, Some(_)) => self.unsigned(device_free, || at.field("device_free"))?,
             (TraceAction::Oom, None) if addr.is_none() => None,
-            _ => self.unsigned(addr, at.field("addr"))?,
+            _ => self.unsigned(addr, || at.field("addr"))?,
         };
         let missing = if action == TraceAction::Oom && addr.is_none() { "device_free" } else { "addr" };
-        let addr = self.required(addr, at.field(missing))?;
-        let compile_context = self.string(compile_context, at.field("compile_context"))?.unwrap_or("N/A");
-        let user_metadata = self.string(user_metadata, at.field("user_metadata"))?.unwrap_or("");
+        let addr = self.required(addr, || at.field(missing))?;
+        let compile_context = self.string(compile_context, || at.field("compile_context"))?.unwrap_or("N/A");
+        let user_metadata = self.string(user_metadata, || at.field("user_metadata"))?.unwrap_or("");
         Ok(TraceEntry {
             action,
             addr,
-            size: self.required(self.unsigned(size, at.field("size"))?, at.field("size"))?,
-            stream: StreamId(self.bits(stream, at.field("stream"))?.unwrap_or(0)),
-            time_us: self.signed(time_us, at.field("time_us"))?.unwrap_or(0),
+            size: self.required(self.unsigned(size, || at.field("size"))?, || at.field("size"))?,
+            stream: StreamId(self.bits(stream, || at.field("stream"))?.unwrap_or(0)),
+            time_us: self.signed(time_us, || at.field("time_us"))?.unwrap_or(0),
             // An entry without the key had no context; `[]` is a context without Python frames.
             context: match frames {
-                Some(frames) => Some(self.stack_id(frames, at.child(Role::Stack))?),
+                Some(frames) => Some(self.stack_id(frames, at)?),
                 None => None,
             },
             annotation: self.contexts.intern_annotation(compile_context, user_metadata),
@@ -257,9 +290,11 @@ impl<'b> Stream<'b> {
     }
 
     pub(super) fn block(&mut self, val: Val, at: At) -> Flow<PendingBlock> {
-        let [address, size, requested_size, state, frames, ..] = self.fields(val, Role::Block, at)?;
-        let size = self.required(self.unsigned(size, at.field("size"))?, at.field("size"))?;
-        let state_name = self.required(self.string(state, at.field("state"))?, at.field("state"))?;
+        let fields = self.fields(val, Role::Block, at)?;
+        let [address, size, requested_size, state, frames, ..] = fields.values;
+        self.recycle(fields);
+        let size = self.required(self.unsigned(size, || at.field("size"))?, || at.field("size"))?;
+        let state_name = self.required(self.string(state, || at.field("state"))?, || at.field("state"))?;
         let Some(state) = BlockState::from_name(state_name) else {
             let message = format!(
                 "unknown block state {state_name:?} (expected \"active_allocated\", \"active_pending_free\" or \"inactive\")"
@@ -267,11 +302,11 @@ impl<'b> Stream<'b> {
             return Err(self.invalid(at.field("state"), message));
         };
         Ok(PendingBlock {
-            address: self.unsigned(address, at.field("address"))?,
+            address: self.unsigned(address, || at.field("address"))?,
             size,
-            requested_size: self.unsigned(requested_size, at.field("requested_size"))?.unwrap_or(size),
+            requested_size: self.unsigned(requested_size, || at.field("requested_size"))?.unwrap_or(size),
             state,
-            frames: self.stack_or_none(frames, at.child(Role::Stack))?,
+            frames: self.stack_or_none(frames, at)?,
         })
     }
 
@@ -290,11 +325,12 @@ impl<'b> Stream<'b> {
             frames,
             blocks,
             ..,
-        ] = self.fields(val, Role::Segment, at)?;
-        let address = self.required(self.unsigned(address, at.field("address"))?, at.field("address"))?;
-        let total_size = self.required(self.unsigned(total_size, at.field("total_size"))?, at.field("total_size"))?;
-        let frames = self.stack_or_none(frames, at.child(Role::Stack))?;
-        let blocks = self.required(blocks, at.field("blocks"))?;
+        ] = self.fields(val, Role::Segment, at)?.values;
+        let address = self.required(self.unsigned(address, || at.field("address"))?, || at.field("address"))?;
+        let total_size =
+            self.required(self.unsigned(total_size, || at.field("total_size"))?, || at.field("total_size"))?;
+        let frames = self.stack_or_none(frames, at)?;
+        let blocks = self.required(blocks, || at.field("blocks"))?;
         let pending = self.take(blocks, Role::Blocks, at.child(Role::Blocks), |data| match data {
             Data::Blocks(list) => Some(list.items),
             _ => None,
@@ -317,7 +353,7 @@ impl<'b> Stream<'b> {
             blocks.iter().filter(|b| keep(b.state)).fold(0u64, |sum, b| sum.saturating_add(size(b)))
         };
         // 2.11 always writes it; without it, only the small pool's segments are 2 MiB.
-        let segment_type = match self.string(segment_type, at.field("segment_type"))? {
+        let segment_type = match self.string(segment_type, || at.field("segment_type"))? {
             None if total_size <= SMALL_BUFFER => PoolKind::Small,
             None => PoolKind::Large,
             Some("small") => PoolKind::Small,
@@ -332,25 +368,25 @@ impl<'b> Stream<'b> {
             Some(pair) => self.pool_id(pair, at.child(Role::PoolId))?,
         };
         Ok(TorchSegment {
-            device: self.signed(device, at.field("device"))?.unwrap_or(0),
+            device: self.signed(device, || at.field("device"))?.unwrap_or(0),
             address,
             total_size,
-            allocated_size: match self.unsigned(allocated_size, at.field("allocated_size"))? {
+            allocated_size: match self.unsigned(allocated_size, || at.field("allocated_size"))? {
                 Some(size) => size,
                 None => sum(|s| s == BlockState::ActiveAllocated, |b| b.size),
             },
-            active_size: match self.unsigned(active_size, at.field("active_size"))? {
+            active_size: match self.unsigned(active_size, || at.field("active_size"))? {
                 Some(size) => size,
                 None => sum(|s| s != BlockState::Inactive, |b| b.size),
             },
-            requested_size: match self.unsigned(requested_size, at.field("requested_size"))? {
+            requested_size: match self.unsigned(requested_size, || at.field("requested_size"))? {
                 Some(size) => size,
                 None => sum(|s| s != BlockState::Inactive, |b| b.requested_size),
             },
-            stream: self.bits(stream, at.field("stream"))?.unwrap_or(0),
+            stream: self.bits(stream, || at.field("stream"))?.unwrap_or(0),
             segment_type,
             segment_pool_id,
-            is_expandable: self.boolean(is_expandable, at.field("is_expandable"))?.unwrap_or(false),
+            is_expandable: self.boolean(is_expandable, || at.field("is_expandable"))?.unwrap_or(false),
             frames,
             blocks,
         })
@@ -366,17 +402,17 @@ impl<'b> Stream<'b> {
         let [a, b] = list.items[..] else {
             return Err(self.invalid(at.here(), format!("expected a pair, found {} items", list.items.len())));
         };
-        let id = |val: Val, i: usize| self.required(self.bits(Some(val), at.nth(i))?, at.nth(i));
+        let id = |val: Val, i: usize| self.required(self.bits(Some(val), || at.nth(i))?, || at.nth(i));
         Ok((id(a, 0)? as i64, id(b, 1)? as i64))
     }
 
     pub(super) fn annotation(&mut self, val: Val, at: At) -> Flow<ExternalAnnotation> {
-        let [stage, name, device, time_us, ..] = self.fields(val, Role::Annotation, at)?;
+        let [stage, name, device, time_us, ..] = self.fields(val, Role::Annotation, at)?.values;
         Ok(ExternalAnnotation {
-            stage: self.string(stage, at.field("stage"))?.unwrap_or_default().to_owned(),
-            name: self.string(name, at.field("name"))?.unwrap_or_default().to_owned(),
-            device: self.signed(device, at.field("device"))?.unwrap_or(0),
-            time_us: self.signed(time_us, at.field("time_us"))?.unwrap_or(0),
+            stage: self.string(stage, || at.field("stage"))?.unwrap_or_default().to_owned(),
+            name: self.string(name, || at.field("name"))?.unwrap_or_default().to_owned(),
+            device: self.signed(device, || at.field("device"))?.unwrap_or(0),
+            time_us: self.signed(time_us, || at.field("time_us"))?.unwrap_or(0),
         })
     }
 
@@ -393,33 +429,33 @@ impl<'b> Stream<'b> {
             record_stream_reuse,
             divisions,
             ..,
-        ] = self.fields(val, Role::Settings, at)?;
+        ] = self.fields(val, Role::Settings, at)?.values;
         let roundup_power2_divisions = match divisions {
             None => [0; ROUNDUP_INTERVALS],
             Some(divisions) => {
-                let values = self.fields(divisions, Role::Divisions, At::Divisions)?;
+                let values = self.fields(divisions, Role::Divisions, At::Divisions)?.values;
                 let mut out = [0; ROUNDUP_INTERVALS];
                 for ((slot, value), key) in out.iter_mut().zip(values).zip(ROUNDUP_KEYS) {
-                    *slot = self.unsigned(value, At::Divisions.key(key))?.unwrap_or(0);
+                    *slot = self.unsigned(value, || At::Divisions.key(key))?.unwrap_or(0);
                 }
                 out
             }
         };
-        let bool_or_false = |val, name| self.boolean(val, at.field(name)).map(|b| b.unwrap_or(false));
+        let bool_or_false = |val, name| self.boolean(val, || at.field(name)).map(|b| b.unwrap_or(false));
         // Missing keys get the values PyTorch reports for an empty configuration.
         Ok(TorchAllocatorSettings {
-            settings: self.string(conf, at.field("PYTORCH_CUDA_ALLOC_CONF"))?.unwrap_or("").to_owned(),
+            settings: self.string(conf, || at.field("PYTORCH_CUDA_ALLOC_CONF"))?.unwrap_or("").to_owned(),
             max_split_size: match max_split_size {
                 // "Unlimited" written as SIZE_MAX rather than -1.
                 Some(Val::Big(u64::MAX)) => -1,
-                other => self.signed(other, at.field("max_split_size"))?.unwrap_or(-1),
+                other => self.signed(other, || at.field("max_split_size"))?.unwrap_or(-1),
             },
             garbage_collection_threshold: self
-                .float(gc_threshold, at.field("garbage_collection_threshold"))?
+                .float(gc_threshold, || at.field("garbage_collection_threshold"))?
                 .unwrap_or(0.0),
             expandable_segments: bool_or_false(expandable, "expandable_segments")?,
             pinned_num_register_threads: self
-                .signed(register_threads, at.field("pinned_num_register_threads"))?
+                .signed(register_threads, || at.field("pinned_num_register_threads"))?
                 .unwrap_or(1),
             release_lock_on_cudamalloc: bool_or_false(release_lock, "release_lock_on_cudamalloc")?,
             pinned_use_cuda_host_register: bool_or_false(host_register, "pinned_use_cuda_host_register")?,
@@ -448,8 +484,8 @@ impl<'b> Stream<'b> {
         }
         let at = At::Root;
         let [segments_val, device_traces, allocator_settings, external_annotations, ..] =
-            self.fields(root, Role::Root, at)?;
-        let segments_val = self.required(segments_val, at.field("segments"))?;
+            self.fields(root, Role::Root, at)?.values;
+        let segments_val = self.required(segments_val, || at.field("segments"))?;
         let segments = self.take(segments_val, Role::Segments, At::Segments, segments)?;
         let traces = |data| match data {
             Data::Traces(list) => Some(list.items),

@@ -21,11 +21,13 @@ impl<'a> Place<'a> {
     pub(super) const ROOT: Place<'static> = Place { parent: None, step: Step::Root };
 
     /// A field of a dict whose keys are fixed names (`.size`).
+    #[inline]
     pub(super) fn field(&'a self, name: &'a str) -> Place<'a> {
         Place { parent: Some(self), step: Step::Field(name) }
     }
 
     /// An entry of a dict keyed by data (`["1"]`).
+    #[inline]
     pub(super) fn key(&'a self, key: &'a str) -> Place<'a> {
         Place { parent: Some(self), step: Step::Key(key) }
     }
@@ -116,6 +118,7 @@ pub(super) struct Spot<'a> {
 
 impl At {
     /// Item `index` of the list here.
+    #[inline]
     pub(super) fn item(self, index: usize) -> At {
         // Indices past 2^32 only occur in files too large to read; they only name places.
         let i = u32::try_from(index).unwrap_or(u32::MAX);
@@ -131,6 +134,7 @@ impl At {
     }
 
     /// The field of the dict here whose value the reader reads as `role`.
+    #[inline]
     pub(super) fn child(self, role: super::stream::Role) -> At {
         use super::stream::Role;
         match (self, role) {
@@ -148,6 +152,7 @@ impl At {
         }
     }
 
+    #[inline]
     pub(super) fn here(self) -> Spot<'static> {
         Spot { at: self, tail: Tail::Here }
     }
@@ -160,6 +165,7 @@ impl At {
         Spot { at: self, tail: Tail::Key(key) }
     }
 
+    #[inline]
     pub(super) fn nth(self, index: usize) -> Spot<'static> {
         Spot { at: self, tail: Tail::Index(index) }
     }
