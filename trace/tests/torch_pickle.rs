@@ -266,6 +266,8 @@ enum Py {
     Int(i64),
     /// An integer as a C++ `uint64_t` gives it to Python (above `i64::MAX` for the cases here).
     UInt(u64),
+    /// 2^72: wider than any field.
+    Wide,
     Float(f64),
     Str(&'static str),
     List(Vec<Py>),
@@ -289,6 +291,7 @@ fn dump(value: &Py) -> Vec<u8> {
                 out.extend(u.to_le_bytes());
                 out.push(0);
             }
+            Py::Wide => out.extend([0x8a, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
             Py::Float(f) => {
                 out.push(b'G');
                 out.extend(f.to_be_bytes());
@@ -452,6 +455,12 @@ fn a_wrong_type_names_its_place() {
     let e = error(&bytes);
     assert_eq!(e.to_string(), "device_traces[0][1].size: expected an integer, found a string");
     assert_eq!(e.place(), "device_traces[0][1].size");
+
+    let bytes = minimal(|_, _, entries| entries.push(entry_with("alloc", |e| set(e, "size", Py::Wide))));
+    assert_eq!(
+        error(&bytes).to_string(),
+        "device_traces[0][2].size: an integer wider than 64 bits, which no field holds"
+    );
 
     let bytes = minimal(|segment, _, _| segment[1] = ("total_size", Py::Float(2.0)));
     assert_eq!(error(&bytes).to_string(), "segments[0].total_size: expected an integer, found a float");

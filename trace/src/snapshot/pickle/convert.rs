@@ -30,7 +30,7 @@ impl<'b> Stream<'b> {
     #[cold]
     fn expected(&self, spot: Spot<'_>, what: &str, found: Val) -> Box<PickleError> {
         let message = match found {
-            Val::Long => format!("expected {what}, found an integer wider than 64 bits"),
+            Val::Long if what == "an integer" => "an integer wider than 64 bits, which no field holds".to_owned(),
             _ => format!("expected {what}, found {}", self.type_name(found)),
         };
         self.invalid(spot, message)
