@@ -8,8 +8,7 @@
 # then runs, ROUNDS times in turn (default 2), under /usr/bin/time (wall seconds, CPU seconds
 # (user + system: the fairer figure while other jobs share the cores), peak RSS):
 #   python    python3 -c "import pickle; pickle.load(open(F, 'rb'))"   (the C unpickler)
-#   general   read_pickle --general F    the reader before issue 22: pickled's value graph, converted
-#   stream    read_pickle F              the streaming reader (what cachalot uses)
+#   stream    read_pickle F              the reader cachalot uses
 #   replay    cachalot replay F          read + replay of every entry
 #   view      cachalot view F --screenshot  read + rebuild + first frame (headless, lavapipe); VIEW=0 skips it
 # and prints one Markdown table: the best round of each, its ratio to python's best, and for
@@ -28,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 cargo build --release --quiet -p cachalot-trace --example synthetic_trace --example read_pickle
 cargo build --release --quiet -p cachalot-cli
 bin=$root/target/release
-commands=(python general stream replay)
+commands=(python stream replay)
 [[ ${VIEW:-1} == 0 ]] || commands+=(view)
 # COMMANDS="python view" runs only those (python must be among them: it is the reference).
 [[ -z ${COMMANDS:-} ]] || read -r -a commands <<<"$COMMANDS"
@@ -38,7 +37,6 @@ run() { # NAME FILE -> "wall-seconds kilobytes cpu-seconds" of the command NAME 
     local cmd
     case $name in
         python) cmd=(python3 -c "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))" "$file") ;;
-        general) cmd=("$bin/examples/read_pickle" --general "$file") ;;
         stream) cmd=("$bin/examples/read_pickle" "$file") ;;
         replay) cmd=("$bin/cachalot" replay "$file") ;;
         view) cmd=("$bin/cachalot" view "$file" --screenshot "$tmp/first-frame.png") ;;

@@ -1,27 +1,35 @@
 //! `cargo bench -p cachalot-trace --bench pickle`: reads each reference PyTorch snapshot pickle
-//! (`testdata/traces`) with the streaming reader `cachalot` uses and, as the reference in the
-//! same run, with the general reader (the `pickled` crate's value graph, converted afterwards),
-//! and prints the median of five reads of each and their ratio. Arguments filter the files by
-//! name. The large-file comparison against Python's `pickle.load` is
+//! (`testdata/traces`) with the reader `cachalot` uses and, as the reference in the same run,
+//! with Python's `pickle.loads` of the same bytes (timed inside Python, so without the
+//! interpreter's start; skipped when `python3` is missing), and prints the median of five reads
+//! of each and their ratio. Arguments filter the files by name. The large-file comparison is
 //! `scripts/dev/pickle-speed.sh` (BENCHMARKS.md §5).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cachalot_trace::snapshot::pickle::{read_snapshot, read_snapshot_general};
+use cachalot_trace::snapshot::pickle::read_snapshot;
 
 const READS: usize = 5;
 
-fn median_read(bytes: &[u8], read: fn(&[u8]) -> bool) -> Duration {
-    let mut times: Vec<Duration> = (0..READS)
-        .map(|_| {
-            let start = Instant::now();
-            assert!(read(bytes), "the reference pickle reads");
-            start.elapsed()
-        })
-        .collect();
+fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
-    times[READS / 2]
+    times[times.len() / 2]
+}
+
+/// The median of five `pickle.loads` of the file, timed by Python itself.
+fn python_loads(path: &Path) -> Option<Duration> {
+    let script = format!(
+        "import pickle, sys, time\n\
+         data = open(sys.argv[1], 'rb').read()\n\
+         times = []\n\
+         for _ in range({READS}):\n\
+         \x20   start = time.perf_counter(); pickle.loads(data); times.append(time.perf_counter() - start)\n\
+         print(sorted(times)[{READS} // 2])"
+    );
+    let out = std::process::Command::new("python3").args(["-c", &script]).arg(path).output().ok()?;
+    let seconds: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some(Duration::from_secs_f64(seconds))
 }
 
 fn main() {
@@ -34,18 +42,26 @@ fn main() {
         .filter(|p| filters.is_empty() || filters.iter().any(|f| p.to_string_lossy().contains(f.as_str())))
         .collect();
     files.sort();
-    println!("{:<28} {:>10} {:>12} {:>12} {:>8}", "pickle", "bytes", "stream ms", "general ms", "ratio");
+    println!("{:<28} {:>10} {:>10} {:>10} {:>8}", "pickle", "bytes", "read ms", "python ms", "ratio");
     for path in &files {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let stream = median_read(&bytes, |b| read_snapshot(b).is_ok());
-        let general = median_read(&bytes, |b| read_snapshot_general(b).is_ok());
-        let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        println!(
-            "{name:<28} {:>10} {:>12.3} {:>12.3} {:>8.2}",
-            bytes.len(),
-            stream.as_secs_f64() * 1e3,
-            general.as_secs_f64() * 1e3,
-            stream.as_secs_f64() / general.as_secs_f64()
+        let read = median(
+            (0..READS)
+                .map(|_| {
+                    let start = Instant::now();
+                    assert!(read_snapshot(&bytes).is_ok(), "the reference pickle reads");
+                    start.elapsed()
+                })
+                .collect(),
         );
+        let python = python_loads(path);
+        let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let (python_ms, ratio) = match python {
+            Some(p) => {
+                (format!("{:.3}", p.as_secs_f64() * 1e3), format!("{:.2}", read.as_secs_f64() / p.as_secs_f64()))
+            }
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        println!("{name:<28} {:>10} {:>10.3} {python_ms:>10} {ratio:>8}", bytes.len(), read.as_secs_f64() * 1e3);
     }
 }

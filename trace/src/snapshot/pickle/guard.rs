@@ -8,7 +8,7 @@ const MAX_TEXT_INT_DIGITS: usize = 4300;
 
 /// How much container work (appends, dict merges, tuple copies) each byte of input may cause.
 /// Honest pickles need well under 1; the limit stops inputs whose cost grows faster than their
-/// size (the `pickled` crate copies shared tuples deeply and merges dicts item by item).
+/// size in a reader that copies shared tuples deeply or merges dicts item by item.
 const WORK_PER_BYTE: usize = 16;
 
 /// A value on the dry-run stack: a scalar or one of the [`Shape`]s.
@@ -339,7 +339,7 @@ impl<'b> Guard<'b> {
     fn memo_put(&mut self, id: u64) -> Result<(), PickleError> {
         let slot = self.top()?;
         // Python's picklers number memo entries from 0, so an id beyond the file's size is
-        // corruption; `pickled` would allocate a slot for every id up to it.
+        // corruption; a memo table (`stream`'s too) would hold a slot for every id up to it.
         let index = match usize::try_from(id) {
             Ok(index) if index < self.bytes.len() => index,
             _ => return self.fail(format!("memo id {id} is beyond anything this file can hold (corrupt file?)")),
@@ -422,7 +422,7 @@ impl<'b> Guard<'b> {
                     self.memo_put(id.into())?;
                 }
                 op::MEMOIZE => {
-                    // Python numbers a MEMOIZE by the count of entries, `pickled` by the highest
+                    // Python numbers a MEMOIZE by the count of entries, `stream` by the highest
                     // id + 1: they only agree when explicit ids left no gaps.
                     if self.memo_filled != self.memo.len() {
                         return self.fail("follows explicit memo ids that left gaps (corrupt file?)");

@@ -4,25 +4,26 @@
 //! plain dicts, lists, tuples, strings, ints, floats and bools, where the frame lists and frame
 //! dicts are shared between thousands of entries (memoised once, referenced again with `BINGET`).
 //!
-//! **Reading** goes through two steps:
+//! **Reading** is one reader in two parts, which run side by side on two threads for a large file:
 //! 1. `Guard` scans the opcodes once, without building anything, and refuses what is not
-//!    snapshot data or would hurt us: object/class opcodes, truncation, memo ids beyond the
-//!    file, nesting deeper than [`MAX_NESTING`], self-referencing containers, and shared-tuple
-//!    or dict-merge tricks whose cost grows faster than the file. Without it a single flipped
-//!    byte can make the `pickled` crate allocate 30 GB (a `LONG_BINPUT` id), overflow the stack
-//!    (50,000 nested lists) or loop for hours (a tuple of itself, doubled 40 times) — aborts
-//!    that no `Result` or `catch_unwind` can turn into an error.
-//! 2. `stream` runs the pickle machine once more and builds the [`TorchSnapshot`] directly:
-//!    each container is typed by its place when it is created (an entry, a frame list...),
-//!    frame lists are interned once by their memo identity, and an entry's fields are freed as
-//!    soon as it is in its trace. It reads what Python's pickler writes (protocol 2 and up);
-//!    anything else, and anything that is not a snapshot, it hands to the general reader:
-//!    `pickled` (the fork of `serde-pickle` with `Rc`-shared values) builds the value graph and
-//!    `Reader` turns it into a [`TorchSnapshot`], naming the place of anything that does not
-//!    fit (`device_traces[0][1234].size: expected an integer, found a string`). Both give the
-//!    same snapshot wherever both read (tested on the reference traces and on every one-byte
-//!    change of one). `serde-pickle` 1.2 cannot read PyTorch's snapshots: it fails with
-//!    "recursive structure found" on every one of them, or replaces the shared values by `None`.
+//!    snapshot data or would hurt a reader: object/class opcodes, truncation, memo ids beyond
+//!    the file, nesting deeper than [`MAX_NESTING`], self-referencing containers, and
+//!    shared-tuple or dict-merge tricks whose cost grows faster than the file. Its error, naming
+//!    the byte, is the one given for any pickle it refuses.
+//! 2. `stream` runs the pickle machine once more and builds the [`TorchSnapshot`] directly
+//!    (`convert` turns each typed container into its segment, block, entry...): each container
+//!    is typed by its place when it is created (an entry, a frame list...), frame lists are
+//!    interned once by their memo identity, and an entry's fields are freed as soon as it is in
+//!    its trace. It reads protocols 2 to 5 as Python's pickler and PyTorch's C++ one write them;
+//!    protocols 0 and 1 (which PyTorch never writes) are refused with a clear error. Anything that
+//!    does not fit a snapshot is an error naming its place
+//!    (`device_traces[0][1234].size: expected an integer, found a string`).
+//!
+//! Each field is read as PyTorch 2.11 writes it: unsigned where its C++ type is (a frame's line,
+//! where torch.compile's generated code gives an unknown line as 2^64 − 1; sizes; addresses),
+//! signed where it is (a stream handle cast to `int64_t`, times, devices), and a field kept in a
+//! type of the other signedness keeps its 64 bits, which the writer writes back as PyTorch
+//! does (`convert.rs`).
 //!
 //! **Writing** emits protocol 4 directly, with exactly PyTorch's keys (in PyTorch's order) and
 //! value types, sharing each stack, frame dict and string through the memo the way Python's
@@ -33,19 +34,17 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use pickled::num_traits::ToPrimitive;
-use pickled::{DeOptions, Dict, HashableValue, Value};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::snapshot::torch::{ExternalAnnotation, TorchAllocatorSettings, TorchBlock, TorchSegment, TorchSnapshot};
 use cachalot_core::BlockState;
 use cachalot_core::backend::StreamId;
-use cachalot_core::size::{PoolKind, ROUNDUP_INTERVALS, RoundupDivisions, SMALL_BUFFER};
+use cachalot_core::size::{PoolKind, ROUNDUP_INTERVALS, SMALL_BUFFER};
 use cachalot_core::trace::{ContextId, ContextTable, Frame, TraceAction, TraceEntry};
 
 /// Deepest nesting of containers (and of open `MARK`s) a pickle may have. A snapshot nests 7
-/// levels (dict → list → dict → list → dict → list → dict); the limit keeps every recursive
-/// walk over the value graph (drop included) far from the end of a 2 MiB thread stack.
+/// levels (dict → list → dict → list → dict → list → dict); the limit keeps anything that walks
+/// the values, in Python or here, far from the end of a thread's stack.
 pub const MAX_NESTING: u32 = 100;
 
 /// The keys of `roundup_power2_divisions`, one per interval (MB, `"1"` to `"32768"`).
@@ -92,7 +91,7 @@ impl PickleError {
     }
 }
 
-/// Reads a snapshot pickle: the dict of `torch.cuda.memory._dump_snapshot` (protocol 0–5) or
+/// Reads a snapshot pickle: the dict of `torch.cuda.memory._dump_snapshot` (protocol 2–5) or
 /// a bare list of segments (`torch.cuda.memory_snapshot()`). Never panics; anything that is
 /// not a snapshot is an error that names its place.
 pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
@@ -100,29 +99,23 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
 }
 
 /// Reads like [`read_snapshot`], handing the result to `deliver` before the reader's own
-/// memory is freed, and returns what `deliver` returns.
-///
-/// Only a pickle that goes to the general reader (see the module doc) has much to free: the
-/// value graph the pickle crate built, which is not `Send` and so is freed on the thread that
-/// built it. A caller with more work to do can start it on another thread from `deliver` and
+/// tables (one small record per container of the file) are freed, and returns what `deliver`
+/// returns: a caller with more work to do can start it on another thread from `deliver` and
 /// let that freeing overlap it.
 pub fn read_snapshot_then<T>(bytes: &[u8], deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
-    let (guarded, streamed) = guard_and_stream(bytes);
-    let end = match guarded {
-        Ok(end) => end,
-        Err(error) => return deliver(Err(error)),
-    };
-    match streamed {
-        Ok(snapshot) => deliver(Ok(snapshot)),
-        Err(stream::Unusual) => read_graph_then(bytes, end, deliver),
-    }
+    let mut stream = Stream::new(bytes);
+    let result = guard_and_stream(bytes, &mut stream);
+    let delivered = deliver(result);
+    drop(stream);
+    delivered
 }
 
-/// The guard's verdict and the streaming reader's snapshot of `bytes`. Natively, for a large
-/// file, the two run side by side on two threads: the streaming reader needs no guard to stay
-/// safe (it builds no graph, recurses nowhere, and its memory and work grow with the input: see
-/// its module doc), and its result is only used once the guard has passed the pickle.
-fn guard_and_stream(bytes: &[u8]) -> (Result<usize, PickleError>, Result<TorchSnapshot, stream::Unusual>) {
+/// The snapshot `stream` reads from `bytes`, if the guard passes them; else the guard's error.
+/// Natively, for a large file, the two run side by side on two threads: the reader needs no
+/// guard to stay safe (it builds no graph, recurses nowhere, and its memory and work grow with
+/// the input: see its module doc), and its result is only used once the guard has passed the
+/// pickle.
+fn guard_and_stream(bytes: &[u8], stream: &mut Stream<'_>) -> Result<TorchSnapshot, PickleError> {
     // Below this size a thread's start costs more than it saves (`cargo bench --bench pickle`).
     #[cfg(not(target_family = "wasm"))]
     const SIDE_BY_SIDE_FROM: usize = 4 << 20;
@@ -130,44 +123,12 @@ fn guard_and_stream(bytes: &[u8]) -> (Result<usize, PickleError>, Result<TorchSn
     if bytes.len() >= SIDE_BY_SIDE_FROM {
         return std::thread::scope(|scope| {
             let guard = scope.spawn(|| Guard::new(bytes).scan());
-            let streamed = stream::read(bytes, bytes.len());
+            let streamed = stream.read();
             let guarded = guard.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (guarded, streamed)
+            guarded.and(streamed)
         });
     }
-    match Guard::new(bytes).scan() {
-        Ok(end) => (Ok(end), stream::read(&bytes[..end], bytes.len())),
-        Err(error) => (Err(error), Err(stream::Unusual)),
-    }
-}
-
-/// The general reader: the `pickled` crate's value graph of `bytes[..end]` (a pickle the guard
-/// passed), converted by [`Reader`]. It reads every pickle the guard passes, and is the one
-/// that names what is wrong and where.
-fn read_graph_then<T>(bytes: &[u8], end: usize, deliver: impl FnOnce(Result<TorchSnapshot, PickleError>) -> T) -> T {
-    // The guard has rejected every pickle that could build a recursive structure, so the
-    // crate's own cycle-breaking walk over the graph (a third of its decode) is not needed.
-    let options = DeOptions::new().decode_utf8().assume_acyclic();
-    let root = match pickled::value_from_slice(&bytes[..end], options) {
-        Ok(root) => root,
-        Err(pickled::Error::Eval(code, offset)) => {
-            return deliver(Err(PickleError::Malformed { offset, message: code.to_string() }));
-        }
-        Err(other) => return deliver(Err(PickleError::Malformed { offset: 0, message: other.to_string() })),
-    };
-    let delivered = deliver(Reader::new(bytes.len()).root(&root));
-    drop(root);
-    delivered
-}
-
-/// Reads like [`read_snapshot`], but always through the general reader: the `pickled` crate's
-/// value graph, converted afterwards. [`read_snapshot`] gives the same snapshot or the same
-/// error, faster; this one is kept public so benchmarks and fuzz targets can compare the two.
-pub fn read_snapshot_general(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
-    match Guard::new(bytes).scan() {
-        Ok(end) => read_graph_then(bytes, end, |result| result),
-        Err(error) => Err(error),
-    }
+    Guard::new(bytes).scan().and_then(|_| stream.read())
 }
 
 /// Writes `snapshot` as PyTorch writes it (protocol 4).
@@ -177,16 +138,17 @@ pub fn write_snapshot(snapshot: &TorchSnapshot) -> Result<Vec<u8>, PickleError> 
     Ok(writer.out)
 }
 
+mod convert;
 mod guard;
 mod op;
 mod place;
-mod read;
 mod stream;
 mod write;
 
+use cachalot_core::trace::AnnotationId;
 use guard::Guard;
 use place::Place;
-use read::Reader;
+use stream::Stream;
 use write::Writer;
 
 #[cfg(test)]
@@ -278,7 +240,7 @@ mod tests {
 
     #[test]
     fn item_by_item_dict_growth_is_bounded() {
-        // 100,000 SETITEMs on one dict: quadratic in `pickled`, linear in Python.
+        // 100,000 SETITEMs on one dict: quadratic in a reader that merges dicts item by item.
         let mut body = vec![op::EMPTY_DICT];
         for i in 0..100_000u32 {
             body.push(op::BININT);
@@ -330,14 +292,27 @@ mod tests {
         body.extend([op::SHORT_BINUNICODE, 13]);
         body.extend(b"device_traces");
         body.extend([op::EMPTY_LIST, op::MARK, op::EMPTY_LIST, op::MEMOIZE, op::MARK]);
-        body.extend([op::EMPTY_DICT; 1000]);
+        for _ in 0..1000 {
+            body.extend([op::EMPTY_DICT, op::MARK, op::SHORT_BINUNICODE, 6]);
+            body.extend(b"action");
+            body.extend([op::SHORT_BINUNICODE, 5]);
+            body.extend(b"alloc");
+            body.extend([op::SHORT_BINUNICODE, 4]);
+            body.extend(b"addr");
+            body.extend([op::BININT1, 0, op::SHORT_BINUNICODE, 4]);
+            body.extend(b"size");
+            body.extend([op::BININT1, 0, op::SETITEMS]);
+        }
         body.push(op::APPENDS);
         for _ in 0..999 {
             body.extend([op::BINGET, 0]);
         }
         body.extend([op::APPENDS, op::SETITEMS, op::STOP]);
-        let error = read_snapshot(&pickle(&body)).expect_err("must not read 1,000,000 entries from 7 kB");
-        assert!(error.to_string().contains("more elements than the file has bytes"), "{error}");
+        let error = read_snapshot(&pickle(&body)).expect_err("must not read 1,000,000 entries from 40 kB");
+        assert!(
+            error.to_string().starts_with("device_traces[1]: a list that already stands at an earlier place"),
+            "{error}"
+        );
     }
 
     #[test]

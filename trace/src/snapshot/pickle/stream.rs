@@ -1,19 +1,22 @@
-//! Streaming: opcodes → TorchSnapshot, without a value graph
+//! The reader's pickle machine: opcodes → typed containers, without a value graph
 //!
-//! Runs the pickle machine beside the guard, but its values are the snapshot's own:
-//! scalars stay on the stack (strings as places in the input), and each container is typed the
-//! moment it is created by the role its parent gives it there (a trace entry, a stack, a
-//! segment...). Python's pickler creates every container before its items and fills it at
-//! once (`EMPTY_LIST`, then `MARK` items `APPENDS`, or one item and `APPEND`), so the role can
-//! be read off the stack: the container that owns the innermost `MARK`, or the one just below.
-//! An entry dict becomes a [`TraceEntry`] when it is appended to its trace, and its fields are
-//! freed then, so memory follows the snapshot, not the pickle's value graph.
+//! Runs the pickle machine, but its values are the snapshot's own: scalars stay on the stack
+//! (strings as places in the input), and each container is typed the moment it is created by
+//! the role its parent gives it there (a trace entry, a stack, a segment...). Python's pickler
+//! (and PyTorch's C++ one) create every container before its items and fill it at once
+//! (`EMPTY_LIST`, then `MARK` items `APPENDS`, or one item and `APPEND`), so the role can be read
+//! off the stack: the container that owns the innermost `MARK`, or the one just below. With the
+//! role comes the container's place in the snapshot ([`At`]), for errors. An item is converted
+//! when it is put into its typed list (`convert.rs`): an entry dict becomes a [`TraceEntry`]
+//! when it is appended to its trace and its fields are freed then, so memory follows the
+//! snapshot, not the pickle's value graph.
 //!
-//! Every role is checked again where the container is actually placed. When a pickle is laid
-//! out otherwise (older protocols, other writers), or holds anything that is not what a
-//! snapshot holds there, this reader stops with [`Unusual`] and the general reader (the
-//! `pickled` crate's graph and [`super::Reader`]) reads the file instead: it gives the same
-//! snapshot, or names the error and its place. So this reader never decides an error.
+//! Every role is checked again where the container is actually placed, and what does not fit
+//! is an error naming that place: a value of the wrong type, a container shared between two
+//! places of the snapshot (PyTorch writes each entry, block and segment once; frame lists and
+//! frame dicts, which it does share, are read once and shared here too), or one built before
+//! its place could be known (not a layout any of those picklers write). Protocols 0 and 1
+//! (Python's text formats, which PyTorch never writes) are refused with a clear error.
 //!
 //! Its result is used only when the [`super::Guard`] passes the pickle (then no container was
 //! changed after it was placed, so each is complete when it is converted), but it runs on any
@@ -23,44 +26,55 @@
 //! list interned once however often it is shared).
 
 use super::*;
-use cachalot_core::trace::AnnotationId;
+use place::At;
 
-/// The streaming reader handed the pickle over to the general one (see the module doc).
-#[derive(Debug)]
-pub(super) struct Unusual;
-
-type Flow<T> = Result<T, Unusual>;
+/// A step of the reader: its value, or the error it names. Boxed, because errors are rare and
+/// a small `Result` keeps the moves of the hot path cheap.
+pub(super) type Flow<T> = Result<T, Box<PickleError>>;
 
 /// A value on the machine's stack or in its memo: 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Val {
+pub(super) enum Val {
     None,
     Bool(bool),
     Int(i64),
     /// An integer above `i64::MAX` that fits in 64 bits unsigned.
     Big(u64),
-    /// Any other integer, or bytes: nothing a snapshot field can hold.
-    Opaque,
+    /// An integer beyond 64 bits: nothing a snapshot field holds.
+    Long,
+    Bytes,
     Float(f64),
     /// A string: its place in the input.
     Str {
-        start: u32,
+        start: usize,
         len: u32,
     },
     /// A container: index into [`Stream::nodes`].
     Node(u32),
 }
 
+const _: () = assert!(std::mem::size_of::<Val>() <= 16);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     List,
     Dict,
     Tuple,
 }
 
+impl Kind {
+    pub(super) fn article(self) -> &'static str {
+        match self {
+            Kind::List => "a list",
+            Kind::Dict => "a dict",
+            Kind::Tuple => "a tuple",
+        }
+    }
+}
+
 /// What a container is in the snapshot, read from where it sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     /// The snapshot dict.
     Root,
     Segments,
@@ -116,11 +130,11 @@ const SETTINGS_FIELDS: &[&str] = &[
 ];
 
 /// The most fields any dict role reads (`roundup_power2_divisions`' 16 intervals).
-const MAX_FIELDS: usize = ROUNDUP_INTERVALS;
+pub(super) const MAX_FIELDS: usize = ROUNDUP_INTERVALS;
 
 impl Role {
     /// The kind of container the role must be.
-    fn accepts(self, kind: Kind) -> bool {
+    pub(super) fn accepts(self, kind: Kind) -> bool {
         match self {
             Role::Root
             | Role::Segment
@@ -138,8 +152,40 @@ impl Role {
         }
     }
 
+    /// What a value of this role is, for errors (`expected ...`).
+    pub(super) fn expected(self) -> &'static str {
+        match self {
+            Role::Stack => "a list of frames",
+            Role::PoolId => "a tuple of two integers",
+            _ if self.accepts(Kind::Dict) => "a dict",
+            _ => "a list",
+        }
+    }
+
+    /// What a container of this role is, for errors.
+    pub(super) fn describe(self) -> &'static str {
+        match self {
+            Role::Root => "the snapshot",
+            Role::Segments => "the list of segments",
+            Role::Segment => "a segment",
+            Role::Blocks => "a segment's blocks",
+            Role::Block => "a block",
+            Role::Stack => "a list of frames",
+            Role::Frame => "a frame",
+            Role::DeviceTraces => "device_traces",
+            Role::Trace => "a device's trace",
+            Role::Entry => "a trace entry",
+            Role::Settings => "allocator_settings",
+            Role::Divisions => "roundup_power2_divisions",
+            Role::Annotations => "external_annotations",
+            Role::Annotation => "an annotation",
+            Role::PoolId => "a segment_pool_id",
+            Role::Ignored => "a value the snapshot does not read",
+        }
+    }
+
     /// The keys a dict role reads, in field order.
-    fn fields(self) -> &'static [&'static str] {
+    pub(super) fn fields(self) -> &'static [&'static str] {
         match self {
             Role::Root => ROOT_FIELDS,
             Role::Segment => SEGMENT_FIELDS,
@@ -184,44 +230,79 @@ impl Role {
 }
 
 /// A block before its segment fills in a missing address.
-struct PendingBlock {
-    address: Option<u64>,
-    size: u64,
-    requested_size: u64,
-    state: BlockState,
-    frames: Option<ContextId>,
+pub(super) struct PendingBlock {
+    pub(super) address: Option<u64>,
+    pub(super) size: u64,
+    pub(super) requested_size: u64,
+    pub(super) state: BlockState,
+    pub(super) frames: Option<ContextId>,
 }
 
-/// What a container holds so far.
-enum Data {
+/// A typed list's items so far, and where the list sits.
+pub(super) struct List<T> {
+    pub(super) at: At,
+    pub(super) items: Vec<T>,
+}
+
+impl<T> List<T> {
+    fn new(at: At) -> Self {
+        List { at, items: Vec::new() }
+    }
+}
+
+/// A typed dict's fields so far, by index into [`Role::fields`], and where the dict sits.
+pub(super) struct Fields {
+    pub(super) at: At,
+    pub(super) values: [Option<Val>; MAX_FIELDS],
+}
+
+/// What a container holds so far. Everything but an interned id is boxed, so that a node
+/// (one per container of the file) stays at 24 bytes.
+pub(super) enum Data {
     /// Ignored, not begun, or already moved into its parent.
     Nothing,
-    /// A dict role's fields, by index into [`Role::fields`].
-    Fields(Box<[Option<Val>; MAX_FIELDS]>),
-    Segments(Vec<TorchSegment>),
-    Blocks(Vec<PendingBlock>),
+    Fields(Box<Fields>),
+    Segments(Box<List<TorchSegment>>),
+    Blocks(Box<List<PendingBlock>>),
     /// A frame list until it is first used, then its interned id (shared lists stay shared).
-    Frames(Vec<Frame>),
+    Frames(Box<List<Frame>>),
     Interned(ContextId),
     /// A frame dict after its first use (frame dicts are shared between stacks too).
     Frame(Box<Frame>),
-    Traces(Vec<Vec<TraceEntry>>),
-    Trace(Vec<TraceEntry>),
-    Annotations(Vec<ExternalAnnotation>),
-    Items(Vec<Val>),
+    Traces(Box<List<Vec<TraceEntry>>>),
+    Trace(Box<List<TraceEntry>>),
+    Annotations(Box<List<ExternalAnnotation>>),
+    Items(Box<List<Val>>),
 }
 
-struct Node {
-    kind: Kind,
-    role: Role,
-    data: Data,
+impl Data {
+    /// Where the container sits and how many items it holds (for a list; 0 for a dict).
+    fn at_and_len(&self) -> Option<(At, usize)> {
+        Some(match self {
+            Data::Fields(d) => (d.at, 0),
+            Data::Segments(l) => (l.at, l.items.len()),
+            Data::Blocks(l) => (l.at, l.items.len()),
+            Data::Frames(l) => (l.at, l.items.len()),
+            Data::Traces(l) => (l.at, l.items.len()),
+            Data::Trace(l) => (l.at, l.items.len()),
+            Data::Annotations(l) => (l.at, l.items.len()),
+            Data::Items(l) => (l.at, l.items.len()),
+            Data::Nothing | Data::Interned(_) | Data::Frame(_) => return None,
+        })
+    }
+}
+
+pub(super) struct Node {
+    pub(super) kind: Kind,
+    pub(super) role: Role,
+    pub(super) data: Data,
 }
 
 /// A small cache of which field a key string names, by the key's place in the input: the
 /// pickler memoises each key once, so nearly every lookup is the same few places.
 #[derive(Clone, Copy)]
 struct KeyHit {
-    start: u32,
+    start: usize,
     role: Role,
     field: Option<u8>,
     /// The role of the value under this key.
@@ -231,87 +312,134 @@ struct KeyHit {
 const KEY_CACHE: usize = 256;
 
 pub(super) struct Stream<'b> {
-    bytes: &'b [u8],
+    pub(super) bytes: &'b [u8],
     pos: usize,
+    /// Offset and opcode being run, for errors.
+    op_at: usize,
+    op: u8,
     stack: Vec<Val>,
     marks: Vec<usize>,
     memo: Vec<Option<Val>>,
-    nodes: Vec<Node>,
+    pub(super) nodes: Vec<Node>,
     scratch: Vec<Val>,
     /// Field boxes of dicts already converted, reused: one allocation per dict alive at once,
     /// not per dict.
     #[allow(clippy::vec_box, reason = "the boxes move in and out of `Data::Fields`, which they keep small")]
-    spare: Vec<Box<[Option<Val>; MAX_FIELDS]>>,
+    pub(super) spare: Vec<Box<Fields>>,
     keys: [Option<KeyHit>; KEY_CACHE],
-    /// Stacks and annotations in the order this reader meets them; [`Stream::finish`]
-    /// re-interns them in the general reader's order so the ids come out the same.
-    contexts: ContextTable,
-    names: FxHashSet<Arc<str>>,
-}
-
-/// Reads `bytes` (a pickle the guard passed, up to its STOP) into a snapshot; `input_len` is
-/// the whole input's length, the budget of elements (as the general reader's).
-pub(super) fn read(bytes: &[u8], input_len: usize) -> Flow<TorchSnapshot> {
-    // Places in the input are kept as `u32`; protocols 0 and 1 are left to the general reader.
-    if u32::try_from(bytes.len()).is_err() || bytes.get(..2).is_none_or(|p| p[0] != op::PROTO || p[1] < 2) {
-        return Err(Unusual);
-    }
-    let mut stream = Stream {
-        bytes,
-        pos: 0,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: Vec::new(),
-        nodes: Vec::new(),
-        scratch: Vec::new(),
-        spare: Vec::new(),
-        keys: [None; KEY_CACHE],
-        contexts: ContextTable::default(),
-        names: FxHashSet::default(),
-    };
-    let root = stream.run()?;
-    let snapshot = stream.root(root)?;
-    finish(snapshot, input_len)
+    /// Stacks and annotations in the order this reader meets them (`convert::finish` numbers
+    /// them in field order).
+    pub(super) contexts: ContextTable,
+    pub(super) names: FxHashSet<Arc<str>>,
+    /// The file is a bare list of segments (`torch.cuda.memory_snapshot()`), not the dict.
+    pub(super) bare: bool,
 }
 
 impl<'b> Stream<'b> {
-    fn take(&mut self, n: usize) -> Flow<&'b [u8]> {
-        let end = self.pos.checked_add(n).ok_or(Unusual)?;
-        let slice = self.bytes.get(self.pos..end).ok_or(Unusual)?;
-        self.pos = end;
+    pub(super) fn new(bytes: &'b [u8]) -> Self {
+        Stream {
+            bytes,
+            pos: 0,
+            op_at: 0,
+            op: 0,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Vec::new(),
+            nodes: Vec::new(),
+            scratch: Vec::new(),
+            spare: Vec::new(),
+            keys: [None; KEY_CACHE],
+            contexts: ContextTable::default(),
+            names: FxHashSet::default(),
+            bare: false,
+        }
+    }
+
+    /// Reads the pickle (its end is its STOP) into a snapshot.
+    pub(super) fn read(&mut self) -> Result<TorchSnapshot, PickleError> {
+        let read = self.protocol().and_then(|()| self.run()).and_then(|root| self.root(root));
+        read.map(convert::finish).map_err(|error| *error)
+    }
+
+    /// Python writes protocols 0 and 1 without a PROTO opcode, 2 and up with one.
+    fn protocol(&self) -> Flow<()> {
+        let protocol = match self.bytes {
+            [op::PROTO, version, ..] => *version,
+            _ => 0,
+        };
+        if protocol < 2 {
+            return Err(Box::new(PickleError::Malformed {
+                offset: 0,
+                message: format!(
+                    "a pickle of protocol {}, one of Python's oldest formats, which PyTorch never writes; \
+                     this reader reads protocols 2 to 5 (load the file in Python and write it again with \
+                     pickle.dump, whose default protocol is 4 or newer)",
+                    if protocol == 0 { "0 or 1".to_owned() } else { protocol.to_string() }
+                ),
+            }));
+        }
+        Ok(())
+    }
+
+    /// The error of an opcode that the guard refuses too (the guard's error is the one given):
+    /// this reader may run before the guard's verdict, on any input.
+    #[cold]
+    fn corrupt(&self) -> Box<PickleError> {
+        Box::new(PickleError::Malformed {
+            offset: self.op_at,
+            message: format!("{}: the pickle does not hold what this opcode needs (corrupt file?)", op::name(self.op)),
+        })
+    }
+
+    /// The error `message` at `spot`.
+    #[cold]
+    pub(super) fn invalid(&self, spot: place::Spot<'_>, message: impl Into<String>) -> Box<PickleError> {
+        Box::new(spot.invalid(self.bare, message))
+    }
+
+    fn bytes_ahead(&mut self, n: usize) -> Flow<&'b [u8]> {
+        let slice = self.pos.checked_add(n).and_then(|end| self.bytes.get(self.pos..end));
+        let Some(slice) = slice else { return Err(self.corrupt()) };
+        self.pos += n;
         Ok(slice)
     }
 
     fn take_array<const N: usize>(&mut self) -> Flow<[u8; N]> {
-        let slice = self.take(N)?;
+        let slice = self.bytes_ahead(N)?;
         let mut array = [0; N];
         array.copy_from_slice(slice);
         Ok(array)
     }
 
-    fn string(&mut self, len: usize) -> Flow<Val> {
+    fn str_ahead(&mut self, len: usize) -> Flow<Val> {
         let start = self.pos;
-        self.take(len)?;
-        // The guard checked the UTF-8; the input is shorter than 4 GiB (checked in `read`).
-        Ok(Val::Str { start: start as u32, len: len as u32 })
+        self.bytes_ahead(len)?;
+        match u32::try_from(len) {
+            Ok(len) => Ok(Val::Str { start, len }),
+            Err(_) => Err(Box::new(PickleError::Malformed {
+                offset: self.op_at,
+                message: format!("{}: a string of {len} bytes, more than a snapshot holds", op::name(self.op)),
+            })),
+        }
     }
 
-    fn text(&self, val: Val) -> Flow<&'b str> {
+    /// The text of a string value (`None` for any other value). The guard checks the UTF-8;
+    /// this reader may run before its verdict, so it checks again rather than trust it.
+    pub(super) fn text(&self, val: Val) -> Option<&'b str> {
         match val {
             Val::Str { start, len } => {
-                let start = start as usize;
-                let bytes = self.bytes.get(start..start + len as usize).ok_or(Unusual)?;
-                std::str::from_utf8(bytes).map_err(|_| Unusual)
+                let bytes = self.bytes.get(start..start.checked_add(len as usize)?)?;
+                std::str::from_utf8(bytes).ok()
             }
-            _ => Err(Unusual),
+            _ => None,
         }
     }
 
     /// A little-endian two's-complement integer (`LONG1`, `LONG4`).
     fn long(&mut self, len: usize) -> Flow<Val> {
-        let bytes = self.take(len)?;
+        let bytes = self.bytes_ahead(len)?;
         if len > 16 {
-            return Ok(Val::Opaque);
+            return Ok(Val::Long);
         }
         let Some(&last) = bytes.last() else { return Ok(Val::Int(0)) };
         let mut value: i128 = if last & 0x80 != 0 { -1 } else { 0 };
@@ -321,7 +449,7 @@ impl<'b> Stream<'b> {
         Ok(match (i64::try_from(value), u64::try_from(value)) {
             (Ok(i), _) => Val::Int(i),
             (_, Ok(u)) => Val::Big(u),
-            _ => Val::Opaque,
+            _ => Val::Long,
         })
     }
 
@@ -331,24 +459,24 @@ impl<'b> Stream<'b> {
 
     fn pop(&mut self) -> Flow<Val> {
         if self.stack.len() <= self.base() {
-            return Err(Unusual);
+            return Err(self.corrupt());
         }
-        self.stack.pop().ok_or(Unusual)
+        self.stack.pop().ok_or_else(|| self.corrupt())
     }
 
     fn top(&self) -> Flow<Val> {
-        if self.stack.len() <= self.base() {
-            return Err(Unusual);
+        match self.stack.last() {
+            Some(&top) if self.stack.len() > self.base() => Ok(top),
+            _ => Err(self.corrupt()),
         }
-        self.stack.last().copied().ok_or(Unusual)
     }
 
     /// APPENDS and SETITEMS: closes the innermost MARK and runs `fill` on the container below
     /// it with the items above it, read in place, then drops them.
     fn marked(&mut self, fill: fn(&mut Self, Val, &[Val]) -> Flow<()>) -> Flow<()> {
-        let mark = self.marks.pop().ok_or(Unusual)?;
+        let mark = self.marks.pop().ok_or_else(|| self.corrupt())?;
         if mark == 0 || mark - 1 < self.base() || mark > self.stack.len() {
-            return Err(Unusual);
+            return Err(self.corrupt());
         }
         let target = self.stack[mark - 1];
         let mut stack = std::mem::take(&mut self.stack);
@@ -360,13 +488,13 @@ impl<'b> Stream<'b> {
 
     /// Moves the items above the innermost MARK into the scratch buffer.
     fn pop_mark(&mut self) -> Flow<Vec<Val>> {
-        let mark = self.marks.pop().ok_or(Unusual)?;
+        let mark = self.marks.pop().ok_or_else(|| self.corrupt())?;
         self.pop_from(mark)
     }
 
     fn pop_from(&mut self, start: usize) -> Flow<Vec<Val>> {
         if start > self.stack.len() {
-            return Err(Unusual);
+            return Err(self.corrupt());
         }
         let mut items = std::mem::take(&mut self.scratch);
         items.clear();
@@ -374,7 +502,7 @@ impl<'b> Stream<'b> {
         Ok(items)
     }
 
-    fn node(&self, val: Val) -> Option<&Node> {
+    pub(super) fn node(&self, val: Val) -> Option<&Node> {
         match val {
             Val::Node(i) => self.nodes.get(i as usize),
             _ => None,
@@ -383,511 +511,196 @@ impl<'b> Stream<'b> {
 
     /// Which field of `role` the key `key` names (`None`: one the snapshot does not read), and
     /// the role of the value under it.
-    fn field_and_role(&mut self, role: Role, key: Val) -> Flow<(Option<usize>, Role)> {
-        let Val::Str { start, .. } = key else {
-            // Only string keys are fields; the intervals dict has nothing but.
-            return if role == Role::Divisions { Err(Unusual) } else { Ok((None, Role::Ignored)) };
-        };
-        let slot = start as usize % KEY_CACHE;
+    fn field_and_role(&mut self, role: Role, key: Val) -> (Option<usize>, Role) {
+        let Val::Str { start, .. } = key else { return (None, Role::Ignored) };
+        let slot = start % KEY_CACHE;
         if let Some(hit) = self.keys[slot]
             && hit.start == start
             && hit.role == role
         {
-            return Ok((hit.field.map(usize::from), hit.child));
+            return (hit.field.map(usize::from), hit.child);
         }
-        let text = self.text(key)?;
+        let Some(text) = self.text(key) else { return (None, Role::Ignored) };
         let field = role.fields().iter().position(|name| *name == text);
-        if role == Role::Divisions && field.is_none() {
-            return Err(Unusual);
-        }
         let child = role.field(field);
         self.keys[slot] = Some(KeyHit { start, role, field: field.map(|f| f as u8), child });
-        Ok((field, child))
+        (field, child)
     }
 
-    /// The role a container created now gets: as an item of the container just below it on
-    /// the stack (one `APPEND`/`SETITEM`), or of the container that owns the innermost MARK.
-    fn infer(&mut self, kind: Kind) -> Flow<Role> {
+    /// The role a container created now gets, and its place: as an item of the container just
+    /// below it on the stack (one `APPEND`/`SETITEM`), or of the container that owns the
+    /// innermost MARK.
+    fn infer(&mut self, kind: Kind) -> (Role, At) {
         if self.stack.is_empty() && self.marks.is_empty() {
-            return Ok(match kind {
-                Kind::Dict => Role::Root,
-                Kind::List => Role::Segments,
-                Kind::Tuple => Role::Ignored,
-            });
+            return match kind {
+                Kind::Dict => (Role::Root, At::Root),
+                Kind::List => {
+                    self.bare = true;
+                    (Role::Segments, At::Segments)
+                }
+                Kind::Tuple => (Role::Ignored, At::Root),
+            };
         }
         let base = self.base();
-        let above = self.stack.len() - base;
         let len = self.stack.len();
-        let mut below = None;
+        let above = len - base;
+        let fits = |(role, _): &(Role, At)| *role != Role::Ignored && role.accepts(kind);
         if above >= 1 {
             let top = self.stack[len - 1];
-            if let Some(node) = self.node(top)
+            let below = if let Some(node) = self.node(top)
                 && node.kind == Kind::List
             {
-                below = Some(node.role.item());
+                self.item_of(top, 0)
             } else if above >= 2
-                && let Some(node) = self.node(self.stack[len - 2])
-                && node.kind == Kind::Dict
-                && matches!(top, Val::Str { .. })
+                && let Val::Str { .. } = top
+                && self.node(self.stack[len - 2]).is_some_and(|n| n.kind == Kind::Dict)
             {
-                let role = node.role;
-                below = Some(self.field_and_role(role, top)?.1);
+                self.field_of(self.stack[len - 2], top)
+            } else {
+                None
+            };
+            if let Some(below) = below.filter(fits) {
+                return below;
             }
         }
-        let mut owner = None;
-        if !self.marks.is_empty()
-            && base >= 1
-            && let Some(node) = self.node(self.stack[base - 1])
-        {
-            let role = node.role;
-            match node.kind {
-                Kind::List => owner = Some(role.item()),
-                Kind::Dict if above % 2 == 1 => owner = Some(self.field_and_role(role, self.stack[len - 1])?.1),
-                _ => {}
-            }
-        }
-        let fits = |role: &Role| *role != Role::Ignored && role.accepts(kind);
-        Ok(below.filter(fits).or(owner.filter(fits)).unwrap_or(Role::Ignored))
+        let owner = match self.marks.is_empty() || base == 0 {
+            true => None,
+            false => match self.node(self.stack[base - 1]).map(|n| n.kind) {
+                Some(Kind::List) => self.item_of(self.stack[base - 1], above),
+                Some(Kind::Dict) if above % 2 == 1 => self.field_of(self.stack[base - 1], self.stack[len - 1]),
+                _ => None,
+            },
+        };
+        owner.filter(fits).unwrap_or((Role::Ignored, At::Root))
+    }
+
+    /// The role and place of a new item of the list `list`, `offset` items past its end.
+    fn item_of(&self, list: Val, offset: usize) -> Option<(Role, At)> {
+        let node = self.node(list)?;
+        let (at, len) = node.data.at_and_len()?;
+        Some((node.role.item(), at.item(len + offset)))
+    }
+
+    /// The role and place of the value under `key` in the dict `dict`.
+    fn field_of(&mut self, dict: Val, key: Val) -> Option<(Role, At)> {
+        let node = self.node(dict)?;
+        let (role, (at, _)) = (node.role, node.data.at_and_len()?);
+        let (_, child) = self.field_and_role(role, key);
+        Some((child, at.child(child)))
     }
 
     fn new_node(&mut self, kind: Kind) -> Flow<u32> {
-        let role = self.infer(kind)?;
+        let (role, at) = self.infer(kind);
         let data = match role {
-            Role::Root
-            | Role::Segment
-            | Role::Block
-            | Role::Frame
-            | Role::Entry
-            | Role::Settings
-            | Role::Divisions
-            | Role::Annotation => Data::Fields(self.spare.pop().unwrap_or_else(|| Box::new([None; MAX_FIELDS]))),
-            Role::Segments => Data::Segments(Vec::new()),
-            Role::Blocks => Data::Blocks(Vec::new()),
-            Role::Stack => Data::Frames(Vec::new()),
-            Role::DeviceTraces => Data::Traces(Vec::new()),
-            Role::Trace => Data::Trace(Vec::new()),
-            Role::Annotations => Data::Annotations(Vec::new()),
-            Role::PoolId => Data::Items(Vec::new()),
+            Role::Segments => Data::Segments(Box::new(List::new(at))),
+            Role::Blocks => Data::Blocks(Box::new(List::new(at))),
+            Role::Stack => Data::Frames(Box::new(List::new(at))),
+            Role::DeviceTraces => Data::Traces(Box::new(List::new(at))),
+            Role::Trace => Data::Trace(Box::new(List::new(at))),
+            Role::Annotations => Data::Annotations(Box::new(List::new(at))),
+            Role::PoolId => Data::Items(Box::new(List::new(at))),
             Role::Ignored => Data::Nothing,
+            // The dict roles.
+            _ => Data::Fields(match self.spare.pop() {
+                Some(mut fields) => {
+                    fields.at = at;
+                    fields
+                }
+                None => Box::new(Fields { at, values: [None; MAX_FIELDS] }),
+            }),
         };
-        let index = u32::try_from(self.nodes.len()).map_err(|_| Unusual)?;
+        let Ok(index) = u32::try_from(self.nodes.len()) else { return Err(self.corrupt()) };
         self.nodes.push(Node { kind, role, data });
         Ok(index)
     }
 
-    /// Checks that `item`, placed where a value of `role` belongs, was typed as that.
-    fn check_role(&self, item: Val, role: Role) -> Flow<()> {
-        match self.node(item) {
-            Some(node) if node.role != role && role != Role::Ignored => Err(Unusual),
-            _ => Ok(()),
+    /// APPEND(S), or the items of LIST or a tuple: `items` go into `target`, converted to the
+    /// snapshot's types if it is a typed list.
+    fn append(&mut self, target: Val, items: &[Val]) -> Flow<()> {
+        let Val::Node(index) = target else { return Err(self.corrupt()) };
+        let index = index as usize;
+        if self.nodes.get(index).is_none_or(|n| n.kind == Kind::Dict) {
+            return Err(self.corrupt());
         }
+        // Take the list's data out while its items are converted (they are nodes too).
+        let mut data = std::mem::replace(&mut self.nodes[index].data, Data::Nothing);
+        let result = self.fill(&mut data, items);
+        self.nodes[index].data = data;
+        result
     }
 
-    /// APPEND(S), or the items of LIST or a tuple: `items` go into `target`.
-    fn append(&mut self, target: Val, items: &[Val]) -> Flow<()> {
-        let Val::Node(index) = target else { return Err(Unusual) };
-        let (kind, role) = self.node(target).map(|n| (n.kind, n.role)).ok_or(Unusual)?;
-        if kind == Kind::Dict {
-            return Err(Unusual);
-        }
-        let item_role = role.item();
-        for &item in items {
-            self.check_role(item, item_role)?;
-        }
-        // Take the list's data out while its items are converted (they may be nodes too).
-        let mut data = std::mem::replace(&mut self.nodes[index as usize].data, Data::Nothing);
-        let result = (|| -> Flow<()> {
-            match &mut data {
-                Data::Nothing => {}
-                Data::Segments(segments) => {
-                    for &item in items {
-                        segments.push(self.segment(item)?);
-                    }
-                }
-                Data::Blocks(blocks) => {
-                    for &item in items {
-                        blocks.push(self.block(item)?);
-                    }
-                }
-                Data::Frames(frames) => {
-                    for &item in items {
-                        frames.push(self.frame(item)?);
-                    }
-                }
-                Data::Traces(traces) => {
-                    for &item in items {
-                        match self.take_data(item)? {
-                            Data::Trace(trace) => traces.push(trace),
-                            _ => return Err(Unusual),
-                        }
-                    }
-                }
-                Data::Trace(trace) => {
-                    trace.reserve(items.len());
-                    for &item in items {
-                        trace.push(self.entry(item)?);
-                    }
-                }
-                Data::Annotations(annotations) => {
-                    for &item in items {
-                        annotations.push(self.annotation(item)?);
-                    }
-                }
-                Data::Items(values) => values.extend_from_slice(items),
-                // A frame list already used (then changed: the guard refuses that), or a
-                // dict's data on a list.
-                _ => return Err(Unusual),
+    fn fill(&mut self, data: &mut Data, items: &[Val]) -> Flow<()> {
+        /// Converts each item at its place in `list` and pushes it.
+        fn each<'b, T>(
+            stream: &mut Stream<'b>,
+            list: &mut List<T>,
+            items: &[Val],
+            convert: fn(&mut Stream<'b>, Val, At) -> Flow<T>,
+        ) -> Flow<()> {
+            list.items.reserve(items.len());
+            for &item in items {
+                let at = list.at.item(list.items.len());
+                list.items.push(convert(stream, item, at)?);
             }
             Ok(())
-        })();
-        self.nodes[index as usize].data = data;
-        result
+        }
+        match data {
+            Data::Nothing => Ok(()),
+            Data::Segments(list) => each(self, list, items, Self::segment),
+            Data::Blocks(list) => each(self, list, items, Self::block),
+            Data::Frames(list) => each(self, list, items, Self::frame),
+            Data::Traces(list) => each(self, list, items, Self::trace),
+            Data::Trace(list) => each(self, list, items, Self::entry),
+            Data::Annotations(list) => each(self, list, items, Self::annotation),
+            Data::Items(list) => {
+                list.items.extend_from_slice(items);
+                Ok(())
+            }
+            // A frame list already used (then changed: the guard refuses that), or a dict.
+            Data::Interned(_) | Data::Frame(_) | Data::Fields(_) => Err(self.corrupt()),
+        }
     }
 
     /// SETITEM(S), or the items of DICT: `pairs` (key, value, key, value...) go into `target`.
     fn set_items(&mut self, target: Val, pairs: &[Val]) -> Flow<()> {
-        let Val::Node(index) = target else { return Err(Unusual) };
-        let (kind, role) = self.node(target).map(|n| (n.kind, n.role)).ok_or(Unusual)?;
+        let Val::Node(index) = target else { return Err(self.corrupt()) };
+        let index = index as usize;
+        let Some(&Node { kind, role, .. }) = self.nodes.get(index) else { return Err(self.corrupt()) };
         if kind != Kind::Dict || !pairs.len().is_multiple_of(2) {
-            return Err(Unusual);
+            return Err(self.corrupt());
         }
         if role == Role::Ignored {
             return Ok(());
         }
         for pair in pairs.chunks_exact(2) {
-            let (field, child) = self.field_and_role(role, pair[0])?;
-            self.check_role(pair[1], child)?;
-            let Some(field) = field else { continue };
-            let Data::Fields(fields) = &mut self.nodes[index as usize].data else { return Err(Unusual) };
-            // A key given twice: the general reader decides which one counts.
-            if fields[field].replace(pair[1]).is_some() {
-                return Err(Unusual);
-            }
+            let (field, _) = self.field_and_role(role, pair[0]);
+            let Some(field) = field else {
+                if role == Role::Divisions {
+                    return Err(self.not_an_interval(pair[0]));
+                }
+                continue;
+            };
+            let Data::Fields(fields) = &mut self.nodes[index].data else { return Err(self.corrupt()) };
+            // A key set twice keeps its last value, as in Python.
+            fields.values[field] = Some(pair[1]);
         }
         Ok(())
     }
 
-    /// Moves a node's data out (each list, segment or entry is converted once).
-    fn take_data(&mut self, val: Val) -> Flow<Data> {
-        let Val::Node(index) = val else { return Err(Unusual) };
-        let node = self.nodes.get_mut(index as usize).ok_or(Unusual)?;
-        match std::mem::replace(&mut node.data, Data::Nothing) {
-            Data::Nothing => Err(Unusual),
-            data => Ok(data),
-        }
-    }
-
-    /// A dict's fields, moved out; its box goes back to [`Stream::spare`] for the next dict.
-    fn fields(&mut self, val: Val, role: Role) -> Flow<[Option<Val>; MAX_FIELDS]> {
-        if self.node(val).is_none_or(|n| n.role != role || n.kind != Kind::Dict) {
-            return Err(Unusual);
-        }
-        match self.take_data(val)? {
-            Data::Fields(mut boxed) => {
-                let fields = std::mem::replace(&mut *boxed, [None; MAX_FIELDS]);
-                self.spare.push(boxed);
-                Ok(fields)
+    #[cold]
+    fn not_an_interval(&self, key: Val) -> Box<PickleError> {
+        match self.text(key) {
+            Some(key) => {
+                self.invalid(At::Divisions.key(key), "not an interval key (\"1\", \"2\", \"4\", ... \"32768\")")
             }
-            _ => Err(Unusual),
+            None => self.invalid(At::Divisions.here(), "has a key that is not a string"),
         }
-    }
-
-    fn u64(&self, val: Option<Val>) -> Flow<Option<u64>> {
-        match val {
-            None => Ok(None),
-            Some(Val::Int(i)) => u64::try_from(i).map(Some).map_err(|_| Unusual),
-            Some(Val::Big(u)) => Ok(Some(u)),
-            Some(_) => Err(Unusual),
-        }
-    }
-
-    fn i64(&self, val: Option<Val>) -> Flow<Option<i64>> {
-        match val {
-            None => Ok(None),
-            Some(Val::Int(i)) => Ok(Some(i)),
-            Some(_) => Err(Unusual),
-        }
-    }
-
-    fn f64(&self, val: Option<Val>) -> Flow<Option<f64>> {
-        match val {
-            None => Ok(None),
-            Some(Val::Float(f)) => Ok(Some(f)),
-            Some(Val::Int(i)) => Ok(Some(i as f64)),
-            Some(_) => Err(Unusual),
-        }
-    }
-
-    fn bool(&self, val: Option<Val>) -> Flow<Option<bool>> {
-        match val {
-            None => Ok(None),
-            Some(Val::Bool(b)) => Ok(Some(b)),
-            Some(_) => Err(Unusual),
-        }
-    }
-
-    fn str(&self, val: Option<Val>) -> Flow<Option<&'b str>> {
-        val.map(|v| self.text(v)).transpose()
-    }
-
-    /// A frame list: interned once, by the list (its memo identity).
-    fn stack_id(&mut self, val: Val) -> Flow<ContextId> {
-        let Val::Node(index) = val else { return Err(Unusual) };
-        let node = self.nodes.get_mut(index as usize).ok_or(Unusual)?;
-        if node.role != Role::Stack || node.kind != Kind::List {
-            return Err(Unusual);
-        }
-        let id = match &node.data {
-            Data::Interned(id) => *id,
-            Data::Frames(frames) => self.contexts.intern(frames),
-            _ => return Err(Unusual),
-        };
-        node.data = Data::Interned(id);
-        Ok(id)
-    }
-
-    /// A segment's or block's stack: `[]` (PyTorch's "none recorded") is `None`.
-    fn stack_or_none(&mut self, val: Option<Val>) -> Flow<Option<ContextId>> {
-        let Some(val) = val else { return Ok(None) };
-        let empty = match self.node(val).map(|n| &n.data) {
-            Some(Data::Frames(frames)) => frames.is_empty(),
-            Some(Data::Interned(id)) => self.contexts.frames(*id).is_empty(),
-            _ => return Err(Unusual),
-        };
-        if empty { Ok(None) } else { self.stack_id(val).map(Some) }
-    }
-
-    fn frame(&mut self, val: Val) -> Flow<Frame> {
-        if let Some(Node { data: Data::Frame(frame), role: Role::Frame, .. }) = self.node(val) {
-            return Ok(Frame::clone(frame));
-        }
-        let [filename, line, name, ..] = self.fields(val, Role::Frame)?;
-        let frame = Frame {
-            filename: self.name(self.str(filename)?.ok_or(Unusual)?),
-            line: self.i64(line)?.ok_or(Unusual)?,
-            name: self.name(self.str(name)?.ok_or(Unusual)?),
-        };
-        if let Val::Node(index) = val {
-            self.nodes[index as usize].data = Data::Frame(Box::new(frame.clone()));
-        }
-        Ok(frame)
-    }
-
-    fn name(&mut self, text: &str) -> Arc<str> {
-        if let Some(name) = self.names.get(text) {
-            return name.clone();
-        }
-        let name: Arc<str> = text.into();
-        self.names.insert(name.clone());
-        name
-    }
-
-    fn entry(&mut self, val: Val) -> Flow<TraceEntry> {
-        let [action, addr, device_free, size, stream, time_us, frames, compile_context, user_metadata, ..] =
-            self.fields(val, Role::Entry)?;
-        let action = TraceAction::from_name(self.str(action)?.ok_or(Unusual)?).ok_or(Unusual)?;
-        // An `oom` entry keeps the device's free bytes under `device_free` instead of `addr`.
-        let addr = match (action, device_free) {
-            (TraceAction::Oom, Some(free)) => self.u64(Some(free))?,
-            _ => self.u64(addr)?,
-        }
-        .ok_or(Unusual)?;
-        let compile_context = self.str(compile_context)?.unwrap_or("N/A");
-        let user_metadata = self.str(user_metadata)?.unwrap_or("");
-        Ok(TraceEntry {
-            action,
-            addr,
-            size: self.u64(size)?.ok_or(Unusual)?,
-            stream: StreamId(self.u64(stream)?.unwrap_or(0)),
-            time_us: self.i64(time_us)?.unwrap_or(0),
-            context: frames.map(|f| self.stack_id(f)).transpose()?,
-            annotation: self.contexts.intern_annotation(compile_context, user_metadata),
-        })
-    }
-
-    fn block(&mut self, val: Val) -> Flow<PendingBlock> {
-        let [address, size, requested_size, state, frames, ..] = self.fields(val, Role::Block)?;
-        let size = self.u64(size)?.ok_or(Unusual)?;
-        Ok(PendingBlock {
-            address: self.u64(address)?,
-            size,
-            requested_size: self.u64(requested_size)?.unwrap_or(size),
-            state: BlockState::from_name(self.str(state)?.ok_or(Unusual)?).ok_or(Unusual)?,
-            frames: self.stack_or_none(frames)?,
-        })
-    }
-
-    fn segment(&mut self, val: Val) -> Flow<TorchSegment> {
-        let [
-            device,
-            address,
-            total_size,
-            allocated_size,
-            active_size,
-            requested_size,
-            stream,
-            segment_type,
-            segment_pool_id,
-            is_expandable,
-            frames,
-            blocks,
-            ..,
-        ] = self.fields(val, Role::Segment)?;
-        let address = self.u64(address)?.ok_or(Unusual)?;
-        let total_size = self.u64(total_size)?.ok_or(Unusual)?;
-        let frames = self.stack_or_none(frames)?;
-        let Data::Blocks(pending) = self.take_data(blocks.ok_or(Unusual)?)? else { return Err(Unusual) };
-        let mut blocks = Vec::with_capacity(pending.len());
-        let mut next = address;
-        for block in pending {
-            let address = block.address.unwrap_or(next);
-            next = address.saturating_add(block.size);
-            blocks.push(TorchBlock {
-                address,
-                size: block.size,
-                requested_size: block.requested_size,
-                state: block.state,
-                frames: block.frames,
-            });
-        }
-        let sum = |keep: fn(BlockState) -> bool, size: fn(&TorchBlock) -> u64| {
-            blocks.iter().filter(|b| keep(b.state)).fold(0u64, |sum, b| sum.saturating_add(size(b)))
-        };
-        let segment_type = match self.str(segment_type)? {
-            None if total_size <= SMALL_BUFFER => PoolKind::Small,
-            None => PoolKind::Large,
-            Some("small") => PoolKind::Small,
-            Some("large") => PoolKind::Large,
-            Some(_) => return Err(Unusual),
-        };
-        let segment_pool_id = match segment_pool_id {
-            None => (0, 0),
-            // Read in place: one tuple may be shared by many segments.
-            Some(pair) => match self.node(pair).map(|n| &n.data) {
-                Some(Data::Items(items)) => match items[..] {
-                    [a, b] => (self.i64(Some(a))?.ok_or(Unusual)?, self.i64(Some(b))?.ok_or(Unusual)?),
-                    _ => return Err(Unusual),
-                },
-                _ => return Err(Unusual),
-            },
-        };
-        Ok(TorchSegment {
-            device: self.i64(device)?.unwrap_or(0),
-            address,
-            total_size,
-            allocated_size: match self.u64(allocated_size)? {
-                Some(size) => size,
-                None => sum(|s| s == BlockState::ActiveAllocated, |b| b.size),
-            },
-            active_size: match self.u64(active_size)? {
-                Some(size) => size,
-                None => sum(|s| s != BlockState::Inactive, |b| b.size),
-            },
-            requested_size: match self.u64(requested_size)? {
-                Some(size) => size,
-                None => sum(|s| s != BlockState::Inactive, |b| b.requested_size),
-            },
-            stream: self.u64(stream)?.unwrap_or(0),
-            segment_type,
-            segment_pool_id,
-            is_expandable: self.bool(is_expandable)?.unwrap_or(false),
-            frames,
-            blocks,
-        })
-    }
-
-    fn annotation(&mut self, val: Val) -> Flow<ExternalAnnotation> {
-        let [stage, name, device, time_us, ..] = self.fields(val, Role::Annotation)?;
-        Ok(ExternalAnnotation {
-            stage: self.str(stage)?.unwrap_or_default().to_owned(),
-            name: self.str(name)?.unwrap_or_default().to_owned(),
-            device: self.i64(device)?.unwrap_or(0),
-            time_us: self.i64(time_us)?.unwrap_or(0),
-        })
-    }
-
-    fn settings(&mut self, val: Val) -> Flow<TorchAllocatorSettings> {
-        let [
-            conf,
-            max_split_size,
-            gc_threshold,
-            expandable,
-            register_threads,
-            release_lock,
-            host_register,
-            record_stream_reuse,
-            divisions,
-            ..,
-        ] = self.fields(val, Role::Settings)?;
-        let roundup_power2_divisions = match divisions {
-            None => [0; ROUNDUP_INTERVALS],
-            Some(divisions) => {
-                let values = self.fields(divisions, Role::Divisions)?;
-                let mut out = [0; ROUNDUP_INTERVALS];
-                for (slot, value) in out.iter_mut().zip(values.iter()) {
-                    *slot = self.u64(*value)?.unwrap_or(0);
-                }
-                out
-            }
-        };
-        // Missing keys get the values PyTorch reports for an empty configuration.
-        Ok(TorchAllocatorSettings {
-            settings: self.str(conf)?.unwrap_or("").to_owned(),
-            max_split_size: match max_split_size {
-                // "Unlimited" written as SIZE_MAX rather than -1.
-                Some(Val::Big(u64::MAX)) => -1,
-                other => self.i64(other)?.unwrap_or(-1),
-            },
-            garbage_collection_threshold: self.f64(gc_threshold)?.unwrap_or(0.0),
-            expandable_segments: self.bool(expandable)?.unwrap_or(false),
-            pinned_num_register_threads: self.i64(register_threads)?.unwrap_or(1),
-            release_lock_on_cudamalloc: self.bool(release_lock)?.unwrap_or(false),
-            pinned_use_cuda_host_register: self.bool(host_register)?.unwrap_or(false),
-            graph_capture_record_stream_reuse: self.bool(record_stream_reuse)?.unwrap_or(false),
-            roundup_power2_divisions,
-        })
-    }
-
-    fn root(&mut self, root: Val) -> Flow<TorchSnapshot> {
-        let node = self.node(root).ok_or(Unusual)?;
-        if node.role == Role::Segments {
-            let Data::Segments(segments) = self.take_data(root)? else { return Err(Unusual) };
-            return Ok(TorchSnapshot {
-                segments,
-                contexts: std::mem::take(&mut self.contexts),
-                ..TorchSnapshot::default()
-            });
-        }
-        let [segments, device_traces, allocator_settings, external_annotations, ..] = self.fields(root, Role::Root)?;
-        let Data::Segments(segments) = self.take_data(segments.ok_or(Unusual)?)? else { return Err(Unusual) };
-        let device_traces = match device_traces {
-            None => Vec::new(),
-            Some(traces) => match self.take_data(traces)? {
-                Data::Traces(traces) => traces,
-                _ => return Err(Unusual),
-            },
-        };
-        let allocator_settings = allocator_settings.map(|s| self.settings(s)).transpose()?;
-        let external_annotations = match external_annotations {
-            None => Vec::new(),
-            Some(annotations) => match self.take_data(annotations)? {
-                Data::Annotations(annotations) => annotations,
-                _ => return Err(Unusual),
-            },
-        };
-        Ok(TorchSnapshot {
-            segments,
-            device_traces,
-            allocator_settings,
-            external_annotations,
-            contexts: std::mem::take(&mut self.contexts),
-        })
     }
 
     fn memo_put(&mut self, id: usize) -> Flow<()> {
         let top = self.top()?;
         if id >= self.bytes.len() {
-            return Err(Unusual);
+            return Err(self.corrupt());
         }
         if id >= self.memo.len() {
             self.memo.resize(id + 1, None);
@@ -897,7 +710,7 @@ impl<'b> Stream<'b> {
     }
 
     fn memo_get(&mut self, id: usize) -> Flow<()> {
-        let val = self.memo.get(id).copied().flatten().ok_or(Unusual)?;
+        let val = self.memo.get(id).copied().flatten().ok_or_else(|| self.corrupt())?;
         self.stack.push(val);
         Ok(())
     }
@@ -911,13 +724,15 @@ impl<'b> Stream<'b> {
     /// Runs the machine to STOP; returns the value it leaves.
     fn run(&mut self) -> Flow<Val> {
         loop {
+            self.op_at = self.pos;
             let [code] = self.take_array()?;
+            self.op = code;
             match code {
                 op::PROTO => {
-                    self.take(1)?;
+                    self.bytes_ahead(1)?;
                 }
                 op::FRAME => {
-                    self.take(8)?;
+                    self.bytes_ahead(8)?;
                 }
                 op::STOP => return self.pop(),
                 op::MARK => self.marks.push(self.stack.len()),
@@ -925,12 +740,12 @@ impl<'b> Stream<'b> {
                     if self.stack.len() > self.base() {
                         self.stack.pop();
                     } else {
-                        let mark = self.marks.pop().ok_or(Unusual)?;
+                        let mark = self.marks.pop().ok_or_else(|| self.corrupt())?;
                         self.stack.truncate(mark);
                     }
                 }
                 op::POP_MARK => {
-                    let mark = self.marks.pop().ok_or(Unusual)?;
+                    let mark = self.marks.pop().ok_or_else(|| self.corrupt())?;
                     self.stack.truncate(mark);
                 }
                 op::DUP => {
@@ -975,7 +790,8 @@ impl<'b> Stream<'b> {
                     self.stack.push(val);
                 }
                 op::LONG4 => {
-                    let n = usize::try_from(i32::from_le_bytes(self.take_array()?)).map_err(|_| Unusual)?;
+                    let n = i32::from_le_bytes(self.take_array()?);
+                    let n = usize::try_from(n).map_err(|_| self.corrupt())?;
                     let val = self.long(n)?;
                     self.stack.push(val);
                 }
@@ -985,33 +801,33 @@ impl<'b> Stream<'b> {
                 }
                 op::SHORT_BINUNICODE => {
                     let [n] = self.take_array()?;
-                    let val = self.string(n.into())?;
+                    let val = self.str_ahead(n.into())?;
                     self.stack.push(val);
                 }
                 op::BINUNICODE => {
                     let n = u32::from_le_bytes(self.take_array()?);
-                    let val = self.string(n as usize)?;
+                    let val = self.str_ahead(n as usize)?;
                     self.stack.push(val);
                 }
                 op::BINUNICODE8 => {
-                    let n = usize::try_from(u64::from_le_bytes(self.take_array()?)).map_err(|_| Unusual)?;
-                    let val = self.string(n)?;
+                    let n = usize::try_from(u64::from_le_bytes(self.take_array()?)).map_err(|_| self.corrupt())?;
+                    let val = self.str_ahead(n)?;
                     self.stack.push(val);
                 }
                 op::SHORT_BINBYTES => {
                     let [n] = self.take_array()?;
-                    self.take(n.into())?;
-                    self.stack.push(Val::Opaque);
+                    self.bytes_ahead(n.into())?;
+                    self.stack.push(Val::Bytes);
                 }
                 op::BINBYTES => {
                     let n = u32::from_le_bytes(self.take_array()?);
-                    self.take(n as usize)?;
-                    self.stack.push(Val::Opaque);
+                    self.bytes_ahead(n as usize)?;
+                    self.stack.push(Val::Bytes);
                 }
                 op::BINBYTES8 | op::BYTEARRAY8 => {
-                    let n = usize::try_from(u64::from_le_bytes(self.take_array()?)).map_err(|_| Unusual)?;
-                    self.take(n)?;
-                    self.stack.push(Val::Opaque);
+                    let n = usize::try_from(u64::from_le_bytes(self.take_array()?)).map_err(|_| self.corrupt())?;
+                    self.bytes_ahead(n)?;
+                    self.stack.push(Val::Bytes);
                 }
                 op::EMPTY_LIST => {
                     self.push_node(Kind::List)?;
@@ -1041,7 +857,7 @@ impl<'b> Stream<'b> {
                         _ => {
                             let n = usize::from(code - op::TUPLE1) + 1;
                             if self.stack.len() < self.base() + n {
-                                return Err(Unusual);
+                                return Err(self.corrupt());
                             }
                             self.pop_from(self.stack.len() - n)?
                         }
@@ -1058,136 +874,55 @@ impl<'b> Stream<'b> {
                     self.scratch = items;
                     result?;
                 }
-                // Text opcodes (protocols 0 and 1), sets, objects: the general reader's.
-                _ => return Err(Unusual),
+                op::INT
+                | op::LONG
+                | op::FLOAT
+                | op::STRING
+                | op::UNICODE
+                | op::BINSTRING
+                | op::SHORT_BINSTRING
+                | op::PUT
+                | op::GET => {
+                    return Err(Box::new(PickleError::Malformed {
+                        offset: self.op_at,
+                        message: format!(
+                            "{}: an opcode of Python's protocols 0 and 1, which its pickler never writes \
+                             in a pickle of protocol 2 or newer",
+                            op::name(code)
+                        ),
+                    }));
+                }
+                // Sets, objects and unknown opcodes: the guard names them.
+                _ => return Err(self.corrupt()),
             }
         }
     }
-}
-
-/// Checks the element budget and gives the stacks and annotations the ids the general reader
-/// gives them: it interns in field order (segments, then traces), this reader in file order.
-fn finish(mut snapshot: TorchSnapshot, input_len: usize) -> Flow<TorchSnapshot> {
-    let elements = snapshot.segments.len()
-        + snapshot.segments.iter().map(|s| s.blocks.len()).sum::<usize>()
-        + snapshot.device_traces.iter().map(Vec::len).sum::<usize>()
-        + snapshot.external_annotations.len();
-    if elements > input_len {
-        return Err(Unusual);
-    }
-    let local = std::mem::take(&mut snapshot.contexts);
-    let mut table = ContextTable::default();
-    let mut stacks: Vec<Option<ContextId>> = vec![None; local.stacks().len()];
-    let mut annotations: Vec<Option<AnnotationId>> = vec![None; local.annotations().len()];
-    let mut stack = |id: &mut Option<ContextId>, table: &mut ContextTable| {
-        if let Some(old) = id {
-            let slot = &mut stacks[old.0 as usize];
-            *id = Some(*slot.get_or_insert_with(|| table.intern(local.frames(*old))));
-        }
-    };
-    for segment in &mut snapshot.segments {
-        stack(&mut segment.frames, &mut table);
-        for block in &mut segment.blocks {
-            stack(&mut block.frames, &mut table);
-        }
-    }
-    for entry in snapshot.device_traces.iter_mut().flatten() {
-        stack(&mut entry.context, &mut table);
-        if let Some(old) = entry.annotation {
-            let slot = &mut annotations[old.0 as usize];
-            if slot.is_none() {
-                let a = local.annotation(old).ok_or(Unusual)?;
-                *slot = table.intern_annotation(&a.compile_context, &a.user_metadata);
-            }
-            entry.annotation = *slot;
-        }
-    }
-    snapshot.contexts = table;
-    Ok(snapshot)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     const TRACES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/traces/pytorch-2.11-h200");
 
-    fn references() -> Vec<PathBuf> {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(TRACES)
-            .expect("testdata/traces of the repository")
-            .map(|e| e.expect("a directory entry").path())
-            .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
-            .collect();
-        paths.sort();
-        assert_eq!(paths.len(), 9, "the nine reference snapshots");
-        paths
+    fn reference(name: &str) -> Vec<u8> {
+        std::fs::read(Path::new(TRACES).join(format!("{name}.pickle"))).expect("the reference traces")
     }
 
-    fn guarded(bytes: &[u8]) -> usize {
-        Guard::new(bytes).scan().expect("the guard passes it")
-    }
-
-    /// The general reader's snapshot (the `pickled` graph, converted by `Reader`).
-    fn graph(bytes: &[u8]) -> Result<TorchSnapshot, PickleError> {
-        read_snapshot_general(bytes)
-    }
-
-    fn streamed(bytes: &[u8], name: &str) -> TorchSnapshot {
-        read(&bytes[..guarded(bytes)], bytes.len()).unwrap_or_else(|_| panic!("{name}: the streaming reader gave up"))
-    }
-
-    fn assert_same(a: &TorchSnapshot, b: &TorchSnapshot, name: &str) {
-        assert_eq!(a.segments, b.segments, "{name}: segments");
-        assert_eq!(a.device_traces, b.device_traces, "{name}: device traces");
-        assert_eq!(a.allocator_settings, b.allocator_settings, "{name}: settings");
-        assert_eq!(a.external_annotations, b.external_annotations, "{name}: annotations");
-        assert_eq!(a.contexts.stacks(), b.contexts.stacks(), "{name}: stacks");
-        assert_eq!(a.contexts.annotations(), b.contexts.annotations(), "{name}: annotation strings");
-    }
-
-    #[test]
-    fn every_reference_pickle_streams_to_the_general_readers_snapshot() {
-        for path in references() {
-            let name = path.display().to_string();
-            let bytes = std::fs::read(&path).expect("reads");
-            let expected = graph(&bytes).expect("the general reader reads it");
-            assert_same(&streamed(&bytes, &name), &expected, &name);
-            // What we write streams too (our writer's layout is Python's).
-            let written = write_snapshot(&expected).expect("writes");
-            assert_same(&streamed(&written, &name), &expected, &format!("{name}, written back"));
-        }
-    }
-
-    #[test]
-    fn python_protocols_2_to_5_stream_and_0_and_1_take_the_general_reader() {
-        let seeds = std::fs::read(Path::new(TRACES).join("seeds.pickle")).expect("reads");
-        let expected = graph(&seeds).expect("reads");
-        for protocol in 0..=5 {
-            if protocol == 4 {
-                continue; // PyTorch's own file, above.
-            }
-            let path =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/seeds.protocol{protocol}.pickle"));
-            let bytes = std::fs::read(&path).expect("the fixture");
-            let via_stream = read(&bytes[..guarded(&bytes)], bytes.len());
-            assert_eq!(via_stream.is_ok(), protocol >= 2, "protocol {protocol}");
-            let snapshot = read_snapshot(&bytes).expect("reads");
-            assert_same(&snapshot, &expected, &format!("protocol {protocol}"));
+    fn invalid(bytes: &[u8]) -> String {
+        match read_snapshot(bytes) {
+            Err(e @ PickleError::Invalid { .. }) => e.to_string(),
+            other => panic!("expected an error naming a place, got {:?}", other.map(|_| "a snapshot")),
         }
     }
 
     #[test]
     fn a_memoised_frame_list_is_interned_once_and_its_frames_shared() {
-        let bytes = std::fs::read(Path::new(TRACES).join("gpt_train.pickle")).expect("reads");
-        let snapshot = streamed(&bytes, "gpt_train");
+        let snapshot = read_snapshot(&reference("gpt_train")).expect("reads");
         let entries = &snapshot.device_traces[0];
         let stacks = snapshot.contexts.stacks().len();
         assert!(stacks > 0 && entries.len() > 10 * stacks, "{} entries share {stacks} stacks", entries.len());
-        // Every distinct frame list of the file is one id: as many ids as the general reader,
-        // which interns by the identity of the shared list.
-        let expected = graph(&bytes).expect("reads");
-        assert_eq!(stacks, expected.contexts.stacks().len());
         // A frame dict shared between stacks keeps its strings shared.
         let names: FxHashSet<*const u8> =
             snapshot.contexts.stacks().iter().flat_map(|s| s.iter()).map(|f| f.filename.as_ptr()).collect();
@@ -1196,8 +931,7 @@ mod tests {
         assert_eq!(names.len(), texts.len(), "one allocation per file name");
     }
 
-    #[test]
-    fn two_entries_on_one_memoised_list_get_one_context() {
+    fn one_stack_twice() -> (TorchSnapshot, Vec<u8>) {
         let frame = Frame { filename: "train.py".into(), line: 7, name: "step".into() };
         let mut snapshot = TorchSnapshot::default();
         let stack = snapshot.contexts.intern(&[frame]);
@@ -1212,70 +946,84 @@ mod tests {
         };
         snapshot.device_traces = vec![vec![entry(0), entry(512)]];
         let bytes = write_snapshot(&snapshot).expect("writes");
+        (snapshot, bytes)
+    }
+
+    #[test]
+    fn two_entries_on_one_memoised_list_get_one_context() {
+        let (_, bytes) = one_stack_twice();
         assert_eq!(bytes.windows(8).filter(|w| w == b"train.py").count(), 1, "the list is written once");
-        let read_back = streamed(&bytes, "two entries");
+        let read_back = read_snapshot(&bytes).expect("reads");
         let [a, b] = &read_back.device_traces[0][..] else { panic!("two entries") };
         assert_eq!((a.context, b.context), (Some(ContextId(0)), Some(ContextId(0))));
         assert_eq!(read_back.contexts.stacks().len(), 1);
     }
 
-    /// The streaming reader gives up on what it does not know, but never returns a snapshot
-    /// that differs from the general reader's: every one-byte change of a small reference
-    /// pickle that the guard passes either streams to the general reader's snapshot or is
-    /// handed to it.
-    #[test]
-    fn one_byte_changes_stream_to_the_general_readers_result_or_fall_back() {
-        let original = std::fs::read(Path::new(TRACES).join("seeds.pickle")).expect("reads");
-        let (mut streamed_count, mut handed_over) = (0, 0);
-        // Every fifth byte keeps the debug-build test near ten seconds.
-        for at in (0..original.len()).step_by(5) {
-            for delta in [1u8, 0xff] {
-                let mut bytes = original.clone();
-                bytes[at] = bytes[at].wrapping_add(delta);
-                let Ok(end) = Guard::new(&bytes).scan() else { continue };
-                match read(&bytes[..end], bytes.len()) {
-                    Ok(snapshot) => {
-                        streamed_count += 1;
-                        let expected = graph(&bytes).unwrap_or_else(|e| {
-                            panic!("byte {at} + {delta}: streamed, but the general reader says {e}")
-                        });
-                        assert_same(&snapshot, &expected, &format!("byte {at} + {delta}"));
-                    }
-                    Err(Unusual) => handed_over += 1,
-                }
-            }
+    /// `{"segments": [], "device_traces": [trace, ...]}` with `traces` (opcodes) as the list's items.
+    fn with_traces(traces: &[u8]) -> Vec<u8> {
+        let mut bytes = vec![op::PROTO, 4, op::EMPTY_DICT, op::MARK];
+        for (key, value) in [("segments", &[op::EMPTY_LIST][..]), ("device_traces", &[op::EMPTY_LIST, op::MARK])] {
+            bytes.extend([op::SHORT_BINUNICODE, key.len() as u8]);
+            bytes.extend(key.as_bytes());
+            bytes.extend(value);
         }
-        assert!(streamed_count > 500 && handed_over > 50, "{streamed_count} streamed, {handed_over} handed over");
+        bytes.extend(traces);
+        bytes.extend([op::APPENDS, op::SETITEMS, op::STOP]);
+        bytes
     }
 
-    /// Files from 4 MiB on are read with the guard on a second thread.
+    /// `{"action": "alloc", "addr": 0, "size": 512}`
+    fn entry_dict() -> Vec<u8> {
+        let mut bytes = vec![op::EMPTY_DICT, op::MARK];
+        let alloc = [op::SHORT_BINUNICODE, 5, b'a', b'l', b'l', b'o', b'c'];
+        for (key, value) in [("action", &alloc[..]), ("addr", &[op::BININT1, 0]), ("size", &[op::BININT2, 0, 2])] {
+            bytes.extend([op::SHORT_BINUNICODE, key.len() as u8]);
+            bytes.extend(key.as_bytes());
+            bytes.extend(value);
+        }
+        bytes.push(op::SETITEMS);
+        bytes
+    }
+
+    /// A trace or an entry referenced twice through the memo would be read twice; PyTorch never
+    /// writes that, and the error names the second place.
     #[test]
-    fn a_large_pickle_reads_the_same_with_the_guard_beside_the_reader() {
-        let bytes = std::fs::read(Path::new(TRACES).join("random_stress_maxsplit.pickle")).expect("reads");
-        let mut snapshot = graph(&bytes).expect("reads");
-        let trace = snapshot.device_traces[0].clone();
-        for _ in 0..3 {
-            snapshot.device_traces[0].extend_from_slice(&trace);
-        }
-        let large = write_snapshot(&snapshot).expect("writes");
-        assert!(large.len() >= 4 << 20, "{} bytes", large.len());
-        let read = read_snapshot(&large).expect("reads");
-        assert_same(&read, &graph(&large).expect("reads"), "four times random_stress_maxsplit");
-        assert_eq!(read.device_traces[0].len(), 4 * trace.len());
-        // The guard's verdict wins over what the streaming reader made of the same bytes.
-        let mut corrupt = large[..large.len() - 1].to_vec();
-        corrupt.extend_from_slice(b"cos\nsystem\n.");
-        match read_snapshot(&corrupt) {
-            Err(e @ PickleError::Malformed { .. }) => {
-                assert!(e.to_string().starts_with(&format!("byte {}: GLOBAL", large.len() - 1)), "{e}")
-            }
-            other => panic!("{:?}", other.map(|_| "a snapshot")),
-        }
+    fn a_trace_or_entry_shared_through_the_memo_is_refused_at_its_second_place() {
+        let mut trace = vec![op::EMPTY_LIST, op::MEMOIZE];
+        trace.extend(entry_dict());
+        trace.extend([op::APPEND, op::BINGET, 0]);
+        let text = invalid(&with_traces(&trace));
+        assert!(text.starts_with("device_traces[1]: a list that already stands at an earlier place"), "{text}");
+
+        let mut trace = vec![op::EMPTY_LIST, op::MARK];
+        trace.extend(entry_dict());
+        trace.extend([op::MEMOIZE, op::BINGET, 0, op::APPENDS]);
+        let text = invalid(&with_traces(&trace));
+        assert!(text.starts_with("device_traces[0][1]: a dict that already stands at an earlier place"), "{text}");
+
+        // The same entry twice, each written out: read.
+        let mut trace = vec![op::EMPTY_LIST, op::MARK];
+        trace.extend(entry_dict());
+        trace.extend(entry_dict());
+        trace.push(op::APPENDS);
+        let snapshot = read_snapshot(&with_traces(&trace)).expect("reads");
+        assert_eq!(snapshot.device_traces[0].len(), 2);
+    }
+
+    #[test]
+    fn old_protocols_and_their_opcodes_are_refused_clearly() {
+        let protocol0 = b"(lp0\n.";
+        let e = read_snapshot(protocol0).expect_err("protocol 0");
+        assert!(e.to_string().starts_with("byte 0: a pickle of protocol 0 or 1"), "{e}");
+        let e = read_snapshot(&[op::PROTO, 1, op::EMPTY_LIST, op::STOP]).expect_err("protocol 1");
+        assert!(e.to_string().starts_with("byte 0: a pickle of protocol 1"), "{e}");
+        let e = read_snapshot(b"\x80\x04]I12\na.").expect_err("a text INT in protocol 4");
+        assert!(e.to_string().starts_with("byte 3: INT: an opcode of Python's protocols 0 and 1"), "{e}");
     }
 
     #[test]
     fn errors_of_truncated_and_corrupt_pickles_name_their_byte() {
-        let bytes = std::fs::read(Path::new(TRACES).join("multistream.pickle")).expect("reads");
+        let bytes = reference("multistream");
         for cut in [3, 1000, bytes.len() / 3, bytes.len() - 2] {
             match read_snapshot(&bytes[..cut]) {
                 Err(PickleError::Malformed { offset, message }) => {
@@ -1284,14 +1032,11 @@ mod tests {
                 other => panic!("cut at {cut}: {:?}", other.map(|_| "a snapshot")),
             }
         }
-        // A GLOBAL just before the STOP: refused by the guard at its byte.
-        let mut corrupt = bytes[..bytes.len() - 1].to_vec();
-        corrupt.extend_from_slice(b"cos\nsystem\n.");
-        match read_snapshot(&corrupt) {
-            Err(e @ PickleError::Malformed { .. }) => {
-                assert!(e.to_string().starts_with(&format!("byte {}: GLOBAL", bytes.len() - 1)), "{e}")
-            }
-            other => panic!("{:?}", other.map(|_| "a snapshot")),
-        }
+    }
+
+    #[test]
+    fn a_value_is_16_bytes_and_a_node_24() {
+        assert!(std::mem::size_of::<Val>() <= 16);
+        assert!(std::mem::size_of::<Node>() <= 24, "{}", std::mem::size_of::<Node>());
     }
 }

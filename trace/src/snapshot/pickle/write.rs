@@ -92,6 +92,11 @@ impl<'s> Writer<'s> {
         }
     }
 
+    /// A stream handle, as PyTorch writes it: its `cudaStream_t` cast to `int64_t`.
+    fn stream(&mut self, handle: u64) {
+        self.int((handle as i64).into());
+    }
+
     fn float(&mut self, value: f64) {
         self.out.push(op::BINFLOAT);
         self.out.extend(value.to_be_bytes());
@@ -176,7 +181,8 @@ impl<'s> Writer<'s> {
         self.key("filename", place)?;
         self.string(&frame.filename, place)?;
         self.key("line", place)?;
-        self.int(frame.line.into());
+        // PyTorch's line is a `uint64_t`; ours keeps its bits (an unknown line, 2^64 - 1, is -1).
+        self.int((frame.line as u64).into());
         self.end_dict();
         Ok(())
     }
@@ -229,12 +235,13 @@ impl<'s> Writer<'s> {
         self.key("requested_size", place)?;
         self.int(segment.requested_size.into());
         self.key("stream", place)?;
-        self.int(segment.stream.into());
+        self.stream(segment.stream);
         self.key("segment_type", place)?;
         self.string(segment.segment_type.name(), place)?;
         self.key("segment_pool_id", place)?;
-        self.int(segment.segment_pool_id.0.into());
-        self.int(segment.segment_pool_id.1.into());
+        // PyTorch's pool ids are unsigned; ours keep their bits.
+        self.int((segment.segment_pool_id.0 as u64).into());
+        self.int((segment.segment_pool_id.1 as u64).into());
         self.out.push(op::TUPLE2);
         self.key("is_expandable", place)?;
         self.boolean(segment.is_expandable);
@@ -285,7 +292,7 @@ impl<'s> Writer<'s> {
         self.key("size", place)?;
         self.int(entry.size.into());
         self.key("stream", place)?;
-        self.int(entry.stream.0.into());
+        self.stream(entry.stream.0);
         self.key("time_us", place)?;
         self.int(entry.time_us.into());
         self.key("compile_context", place)?;
