@@ -4,6 +4,12 @@
 //! size pool and another stream are other sets; then the oversize rule and the size itself).
 //! The rules are read off the allocator's configuration and the request as the allocator
 //! rounded it, so the classes say what the allocator's own best fit saw.
+//!
+//! Two classes are seen when the request comes but never survive a full release: oversize
+//! blocks (never split, so each is a whole segment, which the release gives back) and pending
+//! frees (the release synchronizes first). After a failed malloc the second shows again where
+//! it mattered: the completed free's block fits, but the retry asks the device for a new
+//! segment and does not search the free blocks again.
 
 use cachalot_core::config::AllocatorConfig;
 use cachalot_core::pool::PoolId;

@@ -4,7 +4,7 @@
 //! request and ask the allocator itself, instead of guessing from PyTorch's one-paragraph
 //! message:
 //!
-//! - [`stop`](self): the replay cut short before the request's malloc, then that malloc made,
+//! - `stop`: the replay cut short before the request's malloc, then that malloc made,
 //!   its history on: the state when the request came, what the retry chain did (its releases
 //!   and the deferred frees its synchronization completed) and the state it failed in;
 //! - [`causes`]: every reserved but unallocated block put in the class that kept it from
