@@ -111,6 +111,9 @@ fn free_blocks_on_another_stream() {
     let x = explained(&snapshot, &options);
     assert_eq!(main_cause(&x), Cause::OtherStream, "{x:#?}");
     assert_eq!(x.after_retry[0].bytes, 60 * MIB);
+    // Pages let the full release unmap the other stream's free bytes.
+    let fix = x.fix.unwrap().fix.unwrap();
+    assert_eq!(fix.change, Change::Settings { settings: "expandable_segments:True".into() });
 }
 
 #[test]
@@ -132,6 +135,9 @@ fn small_pool_blocks_for_a_large_request() {
     let x = explained(&snapshot, &options);
     assert_eq!(main_cause(&x), Cause::OtherPool, "{x:#?}");
     assert_eq!((x.after_retry[0].bytes, x.after_retry[0].blocks), (75 * MIB, 50));
+    // Every 2 MiB page holds a live block: no setting gives them back, and the search says so.
+    let search = x.fix.unwrap();
+    assert!(search.fix.is_none() && search.own_settings_fail && search.replays > 10, "{search:?}");
 }
 
 #[test]
@@ -154,6 +160,9 @@ fn blocks_in_a_private_pool() {
     let x = explained(&snapshot, &options);
     assert_eq!(main_cause(&x), Cause::PrivatePool, "{x:#?}");
     assert_eq!(x.after_retry[0].bytes, 80 * MIB);
+    // A pool still in use keeps its segments whatever the settings: releasing it is the program's.
+    let search = x.fix.unwrap();
+    assert!(search.fix.is_none() && search.own_settings_fail, "{search:?}");
 }
 
 #[test]
@@ -201,6 +210,10 @@ fn a_free_pending_on_another_stream() {
     assert_eq!(main_cause(&x), Cause::PendingStreamFree, "{x:#?}");
     assert_eq!(x.retry.completed_frees, 1);
     assert!(x.when_asked.iter().any(|c| c.cause == Cause::PendingStreamFree && c.bytes == 12 * MIB), "{x:#?}");
+    // The whole replay reads the completion recorded before the error as done before the
+    // malloc, and serves the request: no change can be proven, and none is named.
+    let search = x.fix.unwrap();
+    assert!(!search.own_settings_fail && search.fix.is_none(), "{search:?}");
 }
 
 #[test]
