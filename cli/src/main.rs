@@ -2,6 +2,7 @@
 
 mod bench;
 mod compare;
+mod explain;
 mod failure;
 mod input;
 mod interrupt;
@@ -54,6 +55,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Find the PYTORCH_CUDA_ALLOC_CONF a PyTorch trace needs: replays it under candidate settings, ranked
     Tune(tune::TuneArgs),
+    /// Why a recorded job ran out of memory: the causes at the failing request and the fix, proven by replay.
+    Explain(explain::ExplainArgs),
     /// Run an experiment on CUDA, wgpu or the simulator: marks, memory_summary() and a snapshot.
     Run(run::RunArgs),
     /// Time op files (testdata/bench-ops) on CUDA, wgpu or the simulator, in torch_alloc_bench.py's shape.
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Stats { source, json } => report::stats(source, *json),
         Command::Replay(args) => replay::run(args),
         Command::Tune(args) => tune::run(args),
+        Command::Explain(args) => explain::run(args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),

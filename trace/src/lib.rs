@@ -20,6 +20,9 @@
 //!   running the allocator: what the viewer shows at every point of a recording.
 //! - [`input`]: an input file read whole within the size limit every reader applies
 //!   (`CACHALOT_MAX_INPUT_BYTES`).
+//! - [`explain`]: why a request of a recorded job ran out of memory, read off the replayed
+//!   allocator at that request, and the smallest change that lets the job through, proven by
+//!   replays (`cachalot explain`).
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
 //!   trace under candidate settings in parallel (`cachalot tune`).
 //!
@@ -38,6 +41,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod explain;
 pub mod input;
 pub mod normalized;
 pub mod ops;

@@ -46,7 +46,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::replay::{ReplayError, ReplayOom, ReplayOptions, replay};
+use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay};
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::config::{AllocatorConfig, ConfigError, Policy};
 use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
@@ -328,20 +328,59 @@ fn measure(snapshot: &TorchSnapshot, options: &ReplayOptions, settings: &str) ->
     let started = Instant::now();
     let outcome = replay(snapshot, &options, |_, _| {})
         .map_err(|error| TuneError::Replay { settings: settings.to_owned(), error })?;
-    let allocator_seconds = started.elapsed().as_secs_f64();
-    let stats = outcome.allocator.stats();
-    Ok(Candidate {
-        settings: settings.to_owned(),
-        peak_reserved: stats.max_memory_reserved(),
-        peak_allocated: stats.max_memory_allocated(),
-        ooms: outcome.ooms.len(),
-        new_ooms: outcome.ooms.iter().filter(|o| !o.recorded).count(),
-        first_oom: outcome.ooms.first().cloned(),
-        first_new_oom: outcome.ooms.iter().find(|o| !o.recorded).cloned(),
-        device_allocs: stats.num_device_alloc,
-        device_frees: stats.num_device_free,
-        allocator_seconds,
-    })
+    Ok(Candidate::measured(settings, &outcome, started.elapsed().as_secs_f64()))
+}
+
+impl Candidate {
+    /// What the replay of `settings` that produced `outcome` in `seconds` measured.
+    pub fn measured(settings: &str, outcome: &ReplayOutcome, seconds: f64) -> Candidate {
+        let stats = outcome.allocator.stats();
+        Candidate {
+            settings: settings.to_owned(),
+            peak_reserved: stats.max_memory_reserved(),
+            peak_allocated: stats.max_memory_allocated(),
+            ooms: outcome.ooms.len(),
+            new_ooms: outcome.ooms.iter().filter(|o| !o.recorded).count(),
+            first_oom: outcome.ooms.first().cloned(),
+            first_new_oom: outcome.ooms.iter().find(|o| !o.recorded).cloned(),
+            device_allocs: stats.num_device_alloc,
+            device_frees: stats.num_device_free,
+            allocator_seconds: seconds,
+        }
+    }
+}
+
+/// The search's candidates for a caller that replays them itself and judges them by more than
+/// a ranking (`explain`, which needs each replay's every OOM): the same two passes as [`tune`],
+/// over the same pruned values. `options` are the trace's own, with no `policy` entry
+/// ([`split_own_keys`]).
+#[derive(Clone, Debug)]
+pub struct CandidateSearch {
+    space: SearchSpace,
+    singles: Vec<Choice>,
+}
+
+impl CandidateSearch {
+    /// The search for `snapshot`'s trace; `baseline` is what the trace's own settings measured
+    /// (the fractions tried lie between its peak allocated and its peak reserved).
+    pub fn new(snapshot: &TorchSnapshot, options: &ReplayOptions, baseline: &Candidate) -> Self {
+        let space = SearchSpace::of(snapshot, options);
+        let singles = space.single_key_choices(baseline);
+        CandidateSearch { space, singles }
+    }
+
+    /// The first pass: each searched key alone, every value of its grid.
+    pub fn first_pass(&self) -> Vec<String> {
+        self.singles.iter().map(|c| self.space.settings(c)).collect()
+    }
+
+    /// The second pass: combinations of the best values of each key, ranked by `objective`
+    /// over `results`, what each setting of [`CandidateSearch::first_pass`] measured (in its
+    /// order; `None` for those not replayed).
+    pub fn second_pass(&self, results: &[Option<Candidate>], objective: Objective) -> Vec<String> {
+        let combinations = self.space.combinations(&self.singles, results, objective);
+        combinations.iter().map(|c| self.space.settings(c)).collect()
+    }
 }
 
 /// The dimensions of the search, in the order their keys are written.
@@ -551,6 +590,27 @@ fn unsearched_entries(settings: &str) -> Vec<String> {
     all_entries(settings).into_iter().filter(|entry| !SEARCHED_KEYS.contains(&entry_key(entry))).collect()
 }
 
+/// `base` with the entries of `changes` in place of those of the same keys, and those of keys
+/// `base` does not set added: a candidate of the search made a change to a job's own settings
+/// (the search's candidates set only the keys they vary beside the unsearched ones).
+pub fn with_entries(base: &str, changes: &str) -> String {
+    let changes = all_entries(changes);
+    let changed = |entry: &String| changes.iter().any(|c| entry_key(c) == entry_key(entry));
+    let mut entries: Vec<String> = all_entries(base).into_iter().filter(|e| !changed(e)).collect();
+    entries.extend(changes);
+    entries.join(",")
+}
+
+/// How many keys have different values (or are set in one only) in settings `a` and `b`.
+pub fn keys_changed(a: &str, b: &str) -> usize {
+    let (a, b) = (all_entries(a), all_entries(b));
+    let value = |entries: &[String], key: &str| {
+        entries.iter().find(|e| entry_key(e) == key).map(|e| e.split_once(':').map_or("", |(_, v)| v.trim()).to_owned())
+    };
+    let keys: BTreeSet<&str> = a.iter().chain(&b).map(|e| entry_key(e)).collect();
+    keys.into_iter().filter(|key| value(&a, key) != value(&b, key)).count()
+}
+
 /// The `key:value` entries of `settings`, as written (top-level commas separate entries; a
 /// `[...]` list keeps its own).
 fn all_entries(settings: &str) -> Vec<String> {
@@ -626,6 +686,19 @@ mod tests {
             "max_split_size_mb:64,roundup_power2_divisions:[1:2,>:4],policy:cachalot"
         );
         assert!(AllocatorConfig::parse(&own_policy_settings("garbage_collection_threshold:0.6")).is_ok());
+    }
+
+    #[test]
+    fn a_candidate_changes_the_jobs_own_settings() {
+        let own = "max_split_size_mb:200,expandable_segments:True,roundup_power2_divisions:[1:2,>:4]";
+        assert_eq!(
+            with_entries(own, "pinned_num_register_threads:8,max_split_size_mb:256"),
+            "expandable_segments:True,roundup_power2_divisions:[1:2,>:4],pinned_num_register_threads:8,max_split_size_mb:256"
+        );
+        assert_eq!(keys_changed(own, &with_entries(own, "max_split_size_mb:256")), 1);
+        assert_eq!(keys_changed(own, "max_split_size_mb:256"), 3, "one changed, two dropped");
+        assert_eq!(keys_changed("", ""), 0);
+        assert_eq!(keys_changed("expandable_segments:True", " expandable_segments: True"), 0);
     }
 
     #[test]

@@ -199,6 +199,12 @@ impl<B: Backend> CachingAllocator<B> {
         Some(live)
     }
 
+    /// The pool a request on `stream` made now is served from (`get_pool`'s choice):
+    /// [`PoolId::DEFAULT`] unless allocations are routed to a private pool that takes it.
+    pub fn routed_pool(&self, stream: StreamId) -> PoolId {
+        self.pool_id_of_slot(self.routed_slot(stream))
+    }
+
     /// The id of the pool in `slot`.
     pub(super) fn pool_id_of_slot(&self, slot: PoolSlot) -> PoolId {
         if slot == NIL { PoolId::DEFAULT } else { self.private[slot].id }
