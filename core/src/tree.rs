@@ -313,6 +313,7 @@ impl StreamClasses {
 /// instead of two list updates (steady-1MiB's alloc/free pair made four). Every query weighs
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
+#[allow(clippy::vec_box, reason = "an entry is 648 bytes: inserting among thousands moves pointers instead")]
 pub(crate) struct FreeIndex {
     /// Sorted by stream: the streams with filed blocks, and at most [`IDLE_STREAMS`] whose
     /// last filed block left (`idle` of them). An entry takes 648 bytes plus 2 KB per group of
