@@ -20,6 +20,8 @@
 //!   running the allocator: what the viewer shows at every point of a recording.
 //! - [`input`]: an input file read whole within the size limit every reader applies
 //!   (`CACHALOT_MAX_INPUT_BYTES`).
+//! - [`output`]: an output file written whole or not at all (a temporary file beside it,
+//!   renamed into place), so a failed write never leaves a truncated file.
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
 //!   trace under candidate settings in parallel (`cachalot tune`).
 //!
@@ -39,6 +41,7 @@
 pub mod input;
 pub mod normalized;
 pub mod ops;
+pub mod output;
 pub mod pool_calls;
 pub mod rebuild;
 pub mod replay;
