@@ -83,8 +83,9 @@ pub struct Selection {
 
 /// Opens the device `options` ask for.
 pub fn open(options: &DeviceOptions) -> Result<(Box<dyn Device>, Selection), RuntimeError> {
-    let config = AllocatorConfig::parse(&options.config)
-        .map_err(|e| RuntimeError::Parameters(format!("allocator config '{}': {e}", options.config)))?;
+    let config = AllocatorConfig::parse(&options.config).map_err(|e| {
+        RuntimeError::Parameters(format!("allocator config '{}': {e}", cachalot_core::error::shorten(&options.config)))
+    })?;
     if options.profile.is_some() && !matches!(options.backend, BackendRequest::Sim | BackendRequest::Auto) {
         return Err(RuntimeError::Parameters("--profile applies to the simulator only (--backend sim)".into()));
     }
