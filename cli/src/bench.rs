@@ -70,13 +70,15 @@ fn standard_workloads() -> anyhow::Result<Vec<PathBuf>> {
 /// Runs `cachalot bench`: the backend chosen (on stderr, with why), then one line per file.
 pub fn run(args: &BenchArgs) -> Outcome {
     let conf = AllocConf::choose(args.config.as_deref())?;
-    let config = AllocatorConfig::parse(&conf.settings).map_err(|e| anyhow!("--config '{}': {e}", conf.settings))?;
+    let config = AllocatorConfig::parse(&conf.settings).map_err(|e| anyhow!("--config '{}': {e}", cachalot_core::error::shorten(&conf.settings)))?;
     // Every file is read and parsed before anything is timed, so a bad file fails at once.
     let paths = if args.files.is_empty() { standard_workloads()? } else { args.files.clone() };
     let mut files = Vec::with_capacity(paths.len());
     for path in &paths {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let ops = OpFile::parse(&text).with_context(|| format!("{}", path.display()))?;
+        let bytes = crate::input::read(path)?;
+        let text =
+            std::str::from_utf8(&bytes).map_err(|_| anyhow!("{}: not an op file (not UTF-8 text)", path.display()))?;
+        let ops = OpFile::parse(text).with_context(|| format!("{}", path.display()))?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         files.push((name, ops));
     }

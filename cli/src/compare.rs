@@ -34,7 +34,8 @@ pub struct CompareArgs {
 /// `--loss-tolerance`: NaN would accept every loss (each comparison with it is false), and a
 /// negative or infinite one means nothing.
 fn parse_tolerance(text: &str) -> Result<f64, String> {
-    let tolerance: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    let tolerance: f64 =
+        text.trim().parse().map_err(|_| format!("'{}' is not a number", cachalot_core::error::shorten(text)))?;
     if !(tolerance.is_finite() && tolerance >= 0.0) {
         return Err(format!("{tolerance} is not a finite number of 0 or more"));
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use cachalot_core::DeviceFacts;
-use cachalot_core::error::{format_size, group_digits};
+use cachalot_core::error::{format_size, group_digits, shorten};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
 use cachalot_runtime::oom_snapshots::OomSnapshots;
 use cachalot_runtime::stream::{TraceBatch, TraceSink};
@@ -88,6 +88,9 @@ impl RunOptions {
     fn with_config(&self, config: String) -> anyhow::Result<DeviceOptions> {
         let backend =
             BackendRequest::parse(&self.backend).ok_or_else(|| anyhow!("unknown backend {}", self.backend))?;
+        if self.capacity == Some(0) {
+            anyhow::bail!("--capacity 0: a device needs some memory");
+        }
         Ok(DeviceOptions {
             backend,
             device: self.device,
@@ -226,10 +229,22 @@ pub struct SweepArgs {
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     use cachalot_core::size::ByteSizeError;
     cachalot_core::size::parse_bytes(text).map_err(|e| match e {
-        ByteSizeError::NotANumber => format!("'{text}' is not a size"),
-        ByteSizeError::UnknownUnit(unit) => format!("unknown unit '{unit}' in '{text}'"),
-        ByteSizeError::TooLarge => format!("'{text}' bytes is {e}"),
+        ByteSizeError::NotANumber => format!("'{}' is not a size", shorten(text)),
+        ByteSizeError::UnknownUnit(unit) => format!("unknown unit '{}' in '{}'", shorten(&unit), shorten(text)),
+        ByteSizeError::TooLarge => format!("'{}' bytes is {e}", shorten(text)),
     })
+}
+
+/// `--out` must name a file in an existing folder: checked before the run, not after it.
+fn check_out(out: &std::path::Path) -> anyhow::Result<()> {
+    if out.is_dir() {
+        anyhow::bail!("--out {}: is a folder; name the snapshot file", out.display());
+    }
+    let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !folder.is_dir() {
+        anyhow::bail!("--out {}: the folder {} does not exist", out.display(), folder.display());
+    }
+    Ok(())
 }
 
 /// The experiment a command names, its parameters checked.
@@ -261,10 +276,10 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
                     .split('x')
                     .map(|d| d.trim().parse::<u32>())
                     .collect::<Result<_, _>>()
-                    .map_err(|_| anyhow!("shape '{s}': expected MxNxK"))?;
+                    .map_err(|_| anyhow!("--shapes '{}': expected MxNxK", shorten(s)))?;
                 match dims[..] {
                     [m, n, k] => shapes.push((m, n, k)),
-                    _ => anyhow::bail!("shape '{s}': expected MxNxK"),
+                    _ => anyhow::bail!("--shapes '{}': expected MxNxK", shorten(s)),
                 }
             }
             shapes.extend(a.sizes.iter().map(|&n| (n, n, n)));
@@ -287,12 +302,16 @@ pub fn experiment(command: &ExperimentCommand) -> anyhow::Result<Experiment> {
 /// Runs the command: says which device and why, prints each mark as the run reaches it, then
 /// what the run found and `memory_summary()`, and writes the snapshot where `--out` says. Exit
 /// status 1 when the experiment stops or a check fails (the snapshot is written either way), 2
-/// when the device cannot be opened or the input is bad, 130 after Ctrl-C (which keeps the
-/// snapshot of the run so far).
+/// when the device cannot be opened or the input is bad (every input is checked before anything
+/// is run or written, so a bad one leaves an earlier snapshot at `--out` as it was), 130 after
+/// Ctrl-C (which keeps the snapshot of the run so far).
 pub fn run(args: &RunArgs) -> Outcome {
     let experiment = experiment(&args.experiment).map_err(Failure::input)?;
     let conf = AllocConf::choose(args.run.config.as_deref()).map_err(Failure::input)?;
     let options = args.run.device_options().map_err(Failure::input)?;
+    if let Some(out) = &args.run.out {
+        check_out(out).map_err(Failure::input)?;
+    }
     let name = experiment.name();
     let dumps = match &args.oom_snapshot {
         Some(dir) => {
@@ -301,6 +320,7 @@ pub fn run(args: &RunArgs) -> Outcome {
         None => None,
     };
     let (mut device, selection) = open(&options).map_err(|e| Failure::input(anyhow!(e)))?;
+    experiment.check(device.allocator().device()).map_err(|e| Failure::input(anyhow!(e)))?;
     if let Some(dumps) = &dumps {
         device.held_mut().attach_oom_observer(dumps.observer());
     }
@@ -397,12 +417,8 @@ fn interrupted(result: &RunResult, out: Option<&Path>) -> Outcome {
 /// Writes the run's snapshot to `out` whole or not at all: into a file beside it, then renamed
 /// over it, so an interrupted or failed write never leaves half a snapshot under that name.
 fn write_snapshot(out: &Path, result: &RunResult) -> Result<(), Failure> {
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let partial = out.with_file_name(format!(".{name}.{}.partial", std::process::id()));
-    std::fs::write(&partial, result.snapshot.to_json()).and_then(|()| std::fs::rename(&partial, out)).map_err(|e| {
-        let _ = std::fs::remove_file(&partial);
-        Failure::input(anyhow!("writing {}: {e}", out.display()))
-    })
+    cachalot_trace::output::write_atomic(out, &result.snapshot.to_json())
+        .map_err(|e| Failure::input(anyhow!("writing {}: {e}", out.display())))
 }
 
 /// Prints each mark as the run reaches it, and asks the run to stop after Ctrl-C.

@@ -58,6 +58,15 @@ fn resolve(root: &Path, target: &str) -> Option<PathBuf> {
     if full.is_dir() { Some(full.join("index.html")) } else { Some(full) }
 }
 
+/// The regular file at `path` if its real path (symbolic links followed) lies inside
+/// `canonical_root`, the served folder's own real path: a link in the folder that points out
+/// of it, or at a device or a pipe, is not served.
+fn confine(canonical_root: &Path, path: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let regular = std::fs::metadata(&real).is_ok_and(|m| m.is_file());
+    (regular && real.starts_with(canonical_root)).then_some(real)
+}
+
 /// Threads that answer complete requests.
 pub const WORKERS: usize = 8;
 /// Complete requests waiting for a worker; beyond that a request is answered 503.
@@ -84,7 +93,8 @@ fn respond(stream: &mut TcpStream, root: &Path, request: &Request) -> std::io::R
     if method != "GET" && method != "HEAD" {
         return stream.write_all(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
-    let file = resolve(root, target).and_then(|p| std::fs::read(&p).ok().map(|b| (p, b)));
+    let file =
+        resolve(root, target).and_then(|p| confine(root, &p)).and_then(|p| std::fs::read(&p).ok().map(|b| (p, b)));
     match file {
         Some((path, body)) => {
             let header = format!(
@@ -204,10 +214,12 @@ pub fn run(args: &ServeArgs) -> Outcome {
     }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, args.port))
         .with_context(|| format!("cannot listen on 127.0.0.1:{}", args.port))?;
+    // Requests are resolved against the folder's real path, which the files served must lie in.
+    let root = std::fs::canonicalize(&args.dir).with_context(|| format!("--dir {}", args.dir.display()))?;
     let (sender, receiver) = sync_channel(QUEUE);
     let receiver = Arc::new(Mutex::new(receiver));
     for n in 0..WORKERS {
-        let (queue, root) = (Arc::clone(&receiver), args.dir.clone());
+        let (queue, root) = (Arc::clone(&receiver), root.clone());
         std::thread::Builder::new()
             .name(format!("serve-{n}"))
             .spawn(move || work(&queue, &root))
@@ -229,5 +241,29 @@ mod tests {
         assert_eq!(resolve(root, "/../etc/passwd"), None);
         assert_eq!(resolve(root, "/a/../../b"), None);
         assert_eq!(content_type(Path::new("x.wasm")), "application/wasm");
+    }
+
+    /// A link inside the folder to a file outside it, or to a folder outside it, is not served;
+    /// a link to a file inside it is.
+    #[cfg(unix)]
+    #[test]
+    fn links_out_of_the_folder_are_not_followed() {
+        let base = std::env::temp_dir().join(format!("cachalot-serve-confine-{}", std::process::id()));
+        let (root, outside) = (base.join("web"), base.join("outside"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(root.join("index.html"), "page").unwrap();
+        std::fs::write(outside.join("secret"), "secret").unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), root.join("leak")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("dir")).unwrap();
+        std::os::unix::fs::symlink(root.join("index.html"), root.join("alias.html")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        let served = |target: &str| resolve(&root, target).and_then(|p| confine(&root, &p));
+        assert_eq!(served("/leak"), None);
+        assert_eq!(served("/dir/secret"), None);
+        assert_eq!(served("/missing"), None);
+        assert_eq!(served("/alias.html"), Some(root.join("index.html")));
+        assert_eq!(served("/"), Some(root.join("index.html")));
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -49,7 +49,7 @@ pub struct TuneArgs {
 fn parse_objective(text: &str) -> Result<Objective, String> {
     Objective::from_name(text).ok_or_else(|| {
         let names: Vec<&str> = Objective::ALL.iter().map(|o| o.name()).collect();
-        format!("'{text}' is not an objective ({})", names.join(", "))
+        format!("'{}' is not an objective ({})", cachalot_core::error::shorten(text), names.join(", "))
     })
 }
 

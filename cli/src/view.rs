@@ -99,11 +99,16 @@ pub struct ViewArgs {
     pub run_timeout: u64,
 }
 
+/// `--size WIDTHxHEIGHT`; an error names the flag and quotes the value (at most its first
+/// [`cachalot_core::error::QUOTED_BYTES`] bytes).
 fn parse_size(text: &str) -> anyhow::Result<egui::Vec2> {
-    let (w, h) = text.split_once('x').ok_or_else(|| anyhow!("--size {text}: expected WIDTHxHEIGHT"))?;
-    let (w, h): (f32, f32) = (w.trim().parse()?, h.trim().parse()?);
+    let quoted = cachalot_core::error::shorten(text);
+    let expected = || anyhow!("--size {quoted}: expected WIDTHxHEIGHT, two numbers of points (e.g. 1400x900)");
+    let (w, h) = text.split_once('x').ok_or_else(expected)?;
+    let side = |s: &str| s.trim().parse::<f32>().ok().filter(|v| v.is_finite());
+    let (Some(w), Some(h)) = (side(w), side(h)) else { return Err(expected()) };
     if !(100.0..=8000.0).contains(&w) || !(100.0..=8000.0).contains(&h) {
-        bail!("--size {text}: each side must be within 100..8000");
+        bail!("--size {quoted}: each side must be within 100..8000");
     }
     Ok(egui::vec2(w, h))
 }
@@ -118,7 +123,8 @@ const MAX_PIXELS_PER_SIDE: f32 = 8192.0;
 /// `--scale`: a finite number within [`SCALES`]; 0, negative, NaN and infinite values would
 /// reach wgpu as texture sizes it panics on.
 fn parse_scale(text: &str) -> Result<f32, String> {
-    let scale: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    let scale: f32 =
+        text.trim().parse().map_err(|_| format!("'{}' is not a number", cachalot_core::error::shorten(text)))?;
     if !SCALES.contains(&scale) {
         return Err(format!("{scale} is outside {}..={}", SCALES.start(), SCALES.end()));
     }
@@ -213,7 +219,7 @@ fn live_headless(
             SaveFormat::Cachalot
         };
         let bytes = run_bytes(run, tab.end_snapshot.as_deref(), format).map_err(|e| Failure::input(anyhow!(e)))?;
-        std::fs::write(path, bytes).map_err(|e| Failure::input(anyhow!("{}: {e}", path.display())))?;
+        cachalot_trace::output::write_atomic(path, &bytes).map_err(|e| Failure::input(anyhow!(e)))?;
         println!("saved the run: {}", path.display());
     }
     if !verified || app.notices.iter().any(|n| n.error) {
@@ -230,7 +236,7 @@ pub fn run(args: &ViewArgs) -> Outcome {
     }
     if let (true, Some(out)) = (args.bench, &args.bench_trace) {
         let bytes = generate_trace(args.bench_entries).map_err(|e| Failure::input(anyhow!(e)))?;
-        std::fs::write(out, bytes).map_err(|e| Failure::input(anyhow!("{}: {e}", out.display())))?;
+        cachalot_trace::output::write_atomic(out, &bytes).map_err(|e| Failure::input(anyhow!(e)))?;
         println!("wrote {}", out.display());
         return Ok(());
     }
@@ -308,5 +314,12 @@ mod tests {
         assert!(check_pixels(egui::vec2(1400.0, 900.0), 4.0).is_ok());
         let err = check_pixels(egui::vec2(8000.0, 900.0), 2.0).unwrap_err();
         assert!(err.to_string().contains("at most 8192"), "{err}");
+        assert_eq!(parse_size("1400x900").unwrap(), egui::vec2(1400.0, 900.0));
+        for bad in ["1400x900x3", "1400", "x900", "1400xNaN", "ax1"] {
+            let err = parse_size(bad).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("--size {bad}: expected WIDTHxHEIGHT")), "{err}");
+        }
+        let err = parse_size(&format!("1x{}", "9".repeat(1 << 20))).unwrap_err().to_string();
+        assert!(err.len() < 250 && err.contains("(1,048,578 bytes)"), "{err}");
     }
 }

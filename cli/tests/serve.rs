@@ -150,3 +150,30 @@ fn a_slow_head_is_served_and_bad_ones_are_answered() {
         assert!(response.starts_with(status), "{request:?}: {response}");
     }
 }
+
+/// A link inside the served folder to a file outside it is not followed; a link to a file
+/// inside it is.
+#[cfg(unix)]
+#[test]
+fn links_out_of_the_folder_are_not_served() {
+    let server = start("links");
+    let outside = std::env::temp_dir().join(format!("cachalot-serve-outside-{}", std::process::id()));
+    std::fs::write(&outside, "the secret outside").unwrap();
+    let folder = &server._dir.0;
+    std::os::unix::fs::symlink(&outside, folder.join("leak.html")).unwrap();
+    std::os::unix::fs::symlink(folder.join("index.html"), folder.join("alias.html")).unwrap();
+    let get = |path: &str| {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, server.port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let leaked = get("/leak.html");
+    std::fs::remove_file(&outside).unwrap();
+    assert!(leaked.starts_with("HTTP/1.1 404"), "{leaked}");
+    assert!(!leaked.contains("secret"), "{leaked}");
+    let alias = get("/alias.html");
+    assert!(alias.starts_with("HTTP/1.1 200") && alias.ends_with("<html>cachalot</html>"), "{alias}");
+}

@@ -313,18 +313,20 @@ impl StreamClasses {
 /// instead of two list updates (steady-1MiB's alloc/free pair made four). Every query weighs
 /// the recent block against the lists' answer, so the order seen from outside is the one set's.
 #[derive(Clone, Debug)]
+#[allow(clippy::vec_box, reason = "an entry is 648 bytes: inserting among thousands moves pointers instead")]
 pub(crate) struct FreeIndex {
     /// Sorted by stream: the streams with filed blocks, and at most [`IDLE_STREAMS`] whose
     /// last filed block left (`idle` of them). An entry takes 648 bytes plus 2 KB per group of
     /// classes it used (all of them: 400 KB), so beyond those few an emptied entry is released:
     /// a stream that holds no free block of this pool costs nothing, however many streams a
-    /// trace names.
-    streams: Vec<StreamClasses>,
+    /// trace names. Boxed, so that a new stream's entry inserted among thousands moves
+    /// pointers, not 648 bytes per entry after it.
+    streams: Vec<Box<StreamClasses>>,
     /// Entries of `streams` with no filed block.
     idle: usize,
     /// Emptied entries kept for the next stream that needs one (at most [`SPARE_STREAMS`]), so
     /// that a stream whose free set empties and fills again allocates nothing.
-    spare: Vec<StreamClasses>,
+    spare: Vec<Box<StreamClasses>>,
     /// The chunks of every class's list.
     arena: Arena,
     /// Blocks in the class lists (the recent block not counted).
@@ -367,9 +369,17 @@ impl Default for FreeIndex {
 }
 
 impl FreeIndex {
+    /// The index of `stream`'s entry in the sorted `streams`: a binary search, so that a pool
+    /// whose free blocks are on thousands of streams (a trace that names a stream per
+    /// allocation) costs a logarithm per look-up, not a walk over them all.
+    #[inline]
+    fn index_of(&self, stream: StreamId) -> Option<usize> {
+        self.streams.binary_search_by(|s| s.stream.cmp(&stream)).ok()
+    }
+
     #[inline]
     fn stream(&self, stream: StreamId) -> Option<&StreamClasses> {
-        self.streams.iter().find(|s| s.stream == stream)
+        self.index_of(stream).map(|i| &*self.streams[i])
     }
 
     /// Adds free block `id`, which becomes the recent block; the previous recent block is
@@ -397,7 +407,7 @@ impl FreeIndex {
     /// (which is not): a call here cost as much again as the filing's own work.
     #[inline(always)]
     fn file(&mut self, block: Recent) {
-        let index = match self.streams.iter().position(|s| s.stream == block.stream) {
+        let index = match self.index_of(block.stream) {
             Some(i) => {
                 self.idle -= usize::from(self.streams[i].filed == 0);
                 i
@@ -423,7 +433,7 @@ impl FreeIndex {
                 spare.stream = stream;
                 spare
             }
-            None => StreamClasses::new(stream),
+            None => Box::new(StreamClasses::new(stream)),
         };
         self.streams.insert(at, classes);
         at
@@ -433,7 +443,7 @@ impl FreeIndex {
     #[inline(always)]
     fn unfile(&mut self, blocks: &Blocks, id: u32) {
         let b = &blocks[id];
-        let Some(index) = self.streams.iter().position(|s| s.stream == b.stream) else {
+        let Some(index) = self.index_of(b.stream) else {
             debug_assert!(false, "block {id} not in its set");
             return;
         };

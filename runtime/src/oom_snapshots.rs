@@ -12,7 +12,9 @@ use cachalot_core::DynOomObserver;
 use cachalot_trace::Snapshot;
 
 /// The snapshots written so far, and the first write that failed (an observer cannot return
-/// an error: the caller asks afterwards, [`OomSnapshots::first_error`]).
+/// an error: the caller asks afterwards, [`OomSnapshots::first_error`]). Each is written whole
+/// or not at all ([`cachalot_trace::output`]); after a failed write the series stops, so a
+/// full disk costs one error, not an empty file per later out-of-memory error.
 #[derive(Clone, Debug)]
 pub struct OomSnapshots {
     dir: PathBuf,
@@ -42,25 +44,33 @@ impl OomSnapshots {
     pub fn observer(&self) -> DynOomObserver {
         let snapshots = self.clone();
         Arc::new(move |event, allocator| {
-            let n = snapshots.written.fetch_add(1, Ordering::Relaxed) + 1;
+            let mut first = snapshots.first_error.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_some() {
+                return;
+            }
+            let n = snapshots.written.load(Ordering::Relaxed) + 1;
             let target = snapshots.dir.join(format!("{}.oom-{n}.json", snapshots.name));
             let label = format!(
                 "{} at out-of-memory error {n} ({} B requested, {} B free of {})",
                 snapshots.what, event.requested, event.device_free, event.device_total
             );
-            if let Err(e) = std::fs::write(&target, Snapshot::capture(allocator, label).to_json()) {
-                let mut first = snapshots.first_error.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert_with(|| format!("{}: cannot write: {e}", target.display()));
+            match cachalot_trace::output::write_atomic(&target, &Snapshot::capture(allocator, label).to_json()) {
+                Ok(()) => {
+                    snapshots.written.store(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    *first = Some(format!("{e} (the out-of-memory snapshots stopped there, {} written)", n - 1));
+                }
             }
         })
     }
 
-    /// How many were written (or tried).
+    /// How many were written.
     pub fn written(&self) -> usize {
         self.written.load(Ordering::Relaxed)
     }
 
-    /// The first write that failed, if one did.
+    /// The write that failed and stopped the series, if one did.
     pub fn first_error(&self) -> Option<String> {
         self.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -84,7 +84,9 @@ pub struct Selection {
 /// Parses an allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) with the error
 /// [`open`] gives for it, so a caller can check one before opening anything.
 pub fn parse_config(text: &str) -> Result<AllocatorConfig, RuntimeError> {
-    AllocatorConfig::parse(text).map_err(|e| RuntimeError::Parameters(format!("allocator config '{text}': {e}")))
+    AllocatorConfig::parse(text).map_err(|e| {
+        RuntimeError::Parameters(format!("allocator config '{}': {e}", cachalot_core::error::shorten(text)))
+    })
 }
 
 /// Opens the device `options` ask for.

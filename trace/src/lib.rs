@@ -23,6 +23,8 @@
 //! - [`explain`]: why a request of a recorded job ran out of memory, read off the replayed
 //!   allocator at that request, and the smallest change that lets the job through, proven by
 //!   replays (`cachalot explain`).
+//! - [`output`]: an output file written whole or not at all (a temporary file beside it,
+//!   renamed into place), so a failed write never leaves a truncated file.
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
 //!   trace under candidate settings in parallel (`cachalot tune`).
 //!
@@ -45,6 +47,7 @@ pub mod explain;
 pub mod input;
 pub mod normalized;
 pub mod ops;
+pub mod output;
 pub mod pool_calls;
 pub mod rebuild;
 pub mod replay;

@@ -13,6 +13,8 @@
 //! decreasing addresses (CUDA's often does) and one that hands out increasing ones compare
 //! equal.
 
+use std::collections::BTreeMap;
+
 use cachalot_core::{TraceAction, TraceEntry};
 
 /// A trace entry with its address as (segment index, offset).
@@ -42,24 +44,30 @@ impl std::fmt::Display for NormalizedEntry {
 
 /// Normalises a trace (see the module docs).
 pub fn normalize(trace: &[TraceEntry]) -> Vec<NormalizedEntry> {
-    // Live segments (and mapped ranges): (base, size, index).
-    let mut live: Vec<(u64, u64, usize)> = Vec::new();
+    // Live segments (and mapped ranges) by base: (size, index). Ordered by address, so that
+    // the segment holding an address is found in log time whatever the number of segments
+    // (a trace of thousands of streams has a segment per stream).
+    let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
     let mut next = 0usize;
     let mut out = Vec::with_capacity(trace.len());
     for e in trace {
-        let find = |live: &[(u64, u64, usize)]| live.iter().position(|&(b, s, _)| e.addr >= b && e.addr < b + s.max(1));
+        let find = |live: &BTreeMap<u64, (u64, usize)>| {
+            live.range(..=e.addr)
+                .next_back()
+                .filter(|&(&base, &(size, _))| e.addr < base.saturating_add(size.max(1)))
+                .map(|(&base, &(_, index))| (base, index))
+        };
         let (segment, offset) = match e.action {
             TraceAction::SegmentAlloc | TraceAction::SegmentMap if find(&live).is_none() => {
-                live.push((e.addr, e.size, next));
+                live.insert(e.addr, (e.size, next));
                 next += 1;
                 (Some(next - 1), 0)
             }
             TraceAction::Oom | TraceAction::Snapshot => (None, 0),
             _ => match find(&live) {
-                Some(i) => {
-                    let (base, _, index) = live[i];
+                Some((base, index)) => {
                     if e.action == TraceAction::SegmentFree {
-                        live.remove(i);
+                        live.remove(&base);
                     }
                     (Some(index), e.addr - base)
                 }

@@ -10,7 +10,7 @@
 pub mod timing;
 
 use cachalot_core::backend::{Backend, StreamId};
-use cachalot_core::error::AllocatorError;
+use cachalot_core::error::{AllocatorError, shorten};
 use cachalot_core::{Allocation, CachingAllocator};
 use rustc_hash::FxHashMap;
 
@@ -79,18 +79,29 @@ impl OpFile {
         // The file's live ids and their slots; freed slots are handed out again.
         let mut live: FxHashMap<u32, u32> = FxHashMap::default();
         let mut vacant: Vec<u32> = Vec::new();
-        for (n, line) in text.lines().enumerate() {
+        for (n, raw) in text.lines().enumerate() {
             let error = |message: String| OpFileError { line: n + 1, message };
-            let line = line.trim();
+            let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let mut fields = line.split_ascii_whitespace();
             let kind = fields.next().unwrap_or_default();
+            // A bad field is quoted (its first bytes only: a field may be megabytes long) with
+            // its column, counted in bytes from 1 on the line as written.
+            let column = |field: &str| field.as_ptr() as usize - raw.as_ptr() as usize + 1;
             let mut number = |what: &str| -> Result<Option<u64>, OpFileError> {
                 fields
                     .next()
-                    .map(|f| f.parse::<u64>().map_err(|_| error(format!("{what} '{f}' is not a non-negative integer"))))
+                    .map(|f| {
+                        f.parse::<u64>().map_err(|_| {
+                            error(format!(
+                                "{what} '{}' at column {} is not a non-negative integer",
+                                shorten(f),
+                                column(f)
+                            ))
+                        })
+                    })
                     .transpose()
             };
             let op = match kind {
@@ -106,7 +117,7 @@ impl OpFile {
                     let id = u32::try_from(id).map_err(|_| error(format!("id {id} is too large")))?;
                     Op::Free { id }
                 }
-                other => return Err(error(format!("unknown op '{other}' (expected 'a' or 'f')"))),
+                other => return Err(error(format!("unknown op '{}' (expected 'a' or 'f')", shorten(other)))),
             };
             if fields.next().is_some() {
                 return Err(error("too many fields".into()));
@@ -131,6 +142,19 @@ impl OpFile {
             file.ops.push(op);
         }
         Ok(file)
+    }
+
+    /// The 1-based line of `text` (the text [`OpFile::parse`] read) that holds op number
+    /// `index` of its [`OpFile::ops`]: for an error met while running that op.
+    pub fn line_of(text: &str, index: usize) -> Option<usize> {
+        text.lines()
+            .enumerate()
+            .filter(|(_, line)| {
+                let line = line.trim();
+                !line.is_empty() && !line.starts_with('#')
+            })
+            .nth(index)
+            .map(|(n, _)| n + 1)
     }
 
     /// Replays the ops once on `allocator`, using `handles` (at least [`OpFile::handles`] long)
@@ -204,10 +228,31 @@ mod tests {
             ("x 1\n", 1, "unknown op 'x'"),
             ("a 0 -5\n", 1, "'-5'"),
             ("a 0 5\nf 0 0\n", 2, "too many fields"),
+            ("a 0 5\n  a 1 x5\n", 2, "size 'x5' at column 7"),
         ] {
             let err = OpFile::parse(text).unwrap_err();
             assert_eq!(err.line, line, "{text:?}");
             assert!(err.to_string().contains(fragment), "{text:?}: {err}");
         }
+    }
+
+    /// A huge bad value is quoted by its first bytes only, with its column.
+    #[test]
+    fn a_huge_bad_value_is_quoted_short() {
+        let text = format!("a 0 512\na 1 {}x\n", "9".repeat(10_000_000));
+        let message = OpFile::parse(&text).unwrap_err().to_string();
+        assert!(message.len() < 200, "{} bytes", message.len());
+        assert!(message.starts_with("line 2: size '9999"), "{message}");
+        assert!(message.contains("(10,000,001 bytes)' at column 5"), "{message}");
+        let op = format!("{}\n", "z".repeat(1 << 20));
+        assert!(OpFile::parse(&op).unwrap_err().to_string().len() < 200);
+    }
+
+    #[test]
+    fn ops_are_found_by_their_line() {
+        let text = "# header\n\na 0 512\n  # note\nf 0\n";
+        assert_eq!(OpFile::line_of(text, 0), Some(3));
+        assert_eq!(OpFile::line_of(text, 1), Some(5));
+        assert_eq!(OpFile::line_of(text, 2), None);
     }
 }

@@ -223,8 +223,19 @@ pub fn screenshot(app: ViewerApp, options: &ScreenshotOptions, out: &Path) -> Re
     // A few frames: panels settle their sizes and the plot its bounds.
     harness.run_steps(4);
     let image = harness.render()?;
-    image.save(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    save_png(&image, out)?;
     Ok(harness.into_state())
+}
+
+/// Writes `image` to `path` as a PNG, whole or not at all ([`cachalot_trace::output`]): a
+/// failed write leaves the previous file at `path` as it was.
+pub fn save_png(image: &image::RgbaImage, path: &Path) -> Result<(), String> {
+    cachalot_trace::output::write_atomic_with(path, |w| {
+        image
+            .write_with_encoder(image::codecs::png::PngEncoder::new(w))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// Benchmark results.
@@ -398,7 +409,7 @@ pub fn bench(entries: usize, frames: usize, size: egui::Vec2) -> Result<BenchRep
     let dir = std::env::temp_dir().join(format!("cachalot-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let path = dir.join("bench.json");
-    std::fs::write(&path, &bytes).map_err(|e| e.to_string())?;
+    cachalot_trace::output::write_atomic(&path, &bytes).map_err(|e| e.to_string())?;
     let file_bytes = bytes.len();
     drop(bytes);
 

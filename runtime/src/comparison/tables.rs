@@ -1,5 +1,7 @@
 //! The side-by-side tables: marks, stats at the end and timings, one value per run.
 
+use std::collections::HashMap;
+
 use cachalot_core::MemoryStats;
 
 use super::columns::{Column, MarkValue};
@@ -24,22 +26,34 @@ impl MarkRow {
 /// The marks of every run, labels in order of first appearance.
 pub(super) fn mark_rows(columns: &[Column]) -> Vec<MarkRow> {
     let labels = first_appearances(columns, |c| c.marks.iter().map(|m| m.label.as_str()).collect());
-    let value = |c: &Column, label: &str| c.marks.iter().find(|m| m.label == label).cloned();
     labels
         .into_iter()
-        .map(|label| MarkRow { label: label.to_owned(), values: columns.iter().map(|c| value(c, label)).collect() })
+        .map(|(label, at)| MarkRow {
+            label: label.to_owned(),
+            values: columns.iter().zip(&at).map(|(c, i)| i.map(|i| c.marks[i].clone())).collect(),
+        })
         .collect()
 }
 
-/// The labels of every run, each once, in order of first appearance: a run may lack some.
-fn first_appearances<'a>(columns: &'a [Column], labels_of: impl Fn(&'a Column) -> Vec<&'a str>) -> Vec<&'a str> {
-    let mut labels: Vec<&str> = Vec::new();
-    for label in columns.iter().flat_map(labels_of) {
-        if !labels.contains(&label) {
-            labels.push(label);
+/// The labels of every run, each once, in order of first appearance (a run may lack some),
+/// each with the index of its first appearance in each run. Hashed, so that a run of many
+/// thousands of marks costs time in proportion to them, not to their square.
+fn first_appearances<'a>(
+    columns: &'a [Column],
+    labels_of: impl Fn(&'a Column) -> Vec<&'a str>,
+) -> Vec<(&'a str, Vec<Option<usize>>)> {
+    let mut rows: Vec<(&str, Vec<Option<usize>>)> = Vec::new();
+    let mut row_of: HashMap<&str, usize> = HashMap::new();
+    for (column, labels) in columns.iter().map(labels_of).enumerate() {
+        for (index, label) in labels.into_iter().enumerate() {
+            let row = *row_of.entry(label).or_insert_with(|| {
+                rows.push((label, vec![None; columns.len()]));
+                rows.len() - 1
+            });
+            rows[row].1[column].get_or_insert(index);
         }
     }
-    labels
+    rows
 }
 
 /// One number of `memory_stats()` at the end, across the runs.
@@ -102,12 +116,11 @@ impl TimingRow {
 /// The timing rows, labels in order of first appearance.
 pub(super) fn timing_rows(columns: &[Column]) -> Vec<TimingRow> {
     let labels = first_appearances(columns, |c| c.timings.iter().map(|t| t.label.as_str()).collect());
-    let seconds = |c: &Column, label: &str| c.timings.iter().find(|t| t.label == label).map(|t| t.seconds);
     labels
         .into_iter()
-        .map(|label| TimingRow {
+        .map(|(label, at)| TimingRow {
             label: label.to_owned(),
-            seconds: columns.iter().map(|c| seconds(c, label)).collect(),
+            seconds: columns.iter().zip(&at).map(|(c, i)| i.map(|i| c.timings[i].seconds)).collect(),
         })
         .collect()
 }

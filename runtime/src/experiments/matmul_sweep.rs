@@ -55,8 +55,44 @@ pub fn shape_of(m: u32, n: u32, k: u32, layout: &str) -> Result<MatmulShape, Run
     }
 }
 
+/// Bytes of a product's three f32 operands, which are on the device (and on the host) at once.
+fn operand_bytes(m: u32, n: u32, k: u32) -> u128 {
+    let (m, n, k) = (u128::from(m), u128::from(n), u128::from(k));
+    4 * (m * k + k * n + m * n)
+}
+
+/// Checks every shape against the memory of the device described by `facts`, before any
+/// buffer is made: a product whose operands alone take more than the whole device would only
+/// fail after its operands had been built on the host (40 GB for one 100000³ operand).
+pub fn check(params: &SweepParams, facts: &cachalot_core::DeviceFacts) -> Result<(), RuntimeError> {
+    for &(m, n, k) in &params.shapes {
+        let bytes = operand_bytes(m, n, k);
+        if bytes > u128::from(facts.total_memory) {
+            return Err(RuntimeError::Parameters(format!(
+                "shape {m}x{n}x{k}: its operands take {bytes} bytes, more than the device's {} bytes ({})",
+                facts.total_memory,
+                cachalot_core::error::format_size(facts.total_memory)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `elements` random operand values in `[-1, 1)`, or an error naming the product where the
+/// host cannot hold them (instead of the process aborting on a failed allocation).
+fn host_operand(rng: &mut Rng, elements: u64, label: &str) -> Result<Vec<f32>, RuntimeError> {
+    let refused =
+        || RuntimeError::Parameters(format!("{label}: an operand of {elements} elements does not fit in host memory"));
+    let n = usize::try_from(elements).map_err(|_| refused())?;
+    let mut values = Vec::new();
+    values.try_reserve_exact(n).map_err(|_| refused())?;
+    values.extend((0..n).map(|_| rng.uniform(-1.0, 1.0)));
+    Ok(values)
+}
+
 /// Runs `matmul-sweep` on `rt`.
 pub async fn run(rt: &Runtime, params: &SweepParams) -> Result<Outcome, RuntimeError> {
+    check(params, &rt.device_facts())?;
     let mut outcome = Outcome::default();
     let mut rng = Rng::new(params.seed);
     let binding_limit = rt.device_facts().max_binding_size;
@@ -76,8 +112,8 @@ pub async fn run(rt: &Runtime, params: &SweepParams) -> Result<Outcome, RuntimeE
                 rt.note(note);
                 continue;
             }
-            let a_host = rng.vec(ea as usize, -1.0, 1.0);
-            let b_host = rng.vec(eb as usize, -1.0, 1.0);
+            let a_host = host_operand(&mut rng, ea, &label)?;
+            let b_host = host_operand(&mut rng, eb, &label)?;
             let start = Instant::now();
             let a = rt.from_f32(&[ea as usize], &a_host)?;
             let b = rt.from_f32(&[eb as usize], &b_host)?;

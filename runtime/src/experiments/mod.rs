@@ -50,6 +50,23 @@ impl Experiment {
         }
     }
 
+    /// Checks the experiment's inputs against the device described by `facts` before it runs,
+    /// so that a command can refuse them before it opens any output: an `ops` experiment's
+    /// file is read (within the input limit) and parsed, a `matmul-sweep`'s operands must fit
+    /// the device's memory. Running checks them again.
+    pub fn check(&self, facts: &cachalot_core::DeviceFacts) -> Result<(), RuntimeError> {
+        match self {
+            Experiment::Seeds | Experiment::MlpTrain(_) => Ok(()),
+            Experiment::MatmulSweep(params) => matmul_sweep::check(params, facts),
+            Experiment::Ops(params) => {
+                let text = ops::read(&params.path)?;
+                cachalot_trace::ops::OpFile::parse(&text)
+                    .map(drop)
+                    .map_err(|e| RuntimeError::Input { path: params.path.clone(), message: e.to_string() })
+            }
+        }
+    }
+
     /// Runs the experiment on `rt`, blocking where the device reads back (natively). In the
     /// browser, where nothing may block, it runs devices whose reads are ready at once (the
     /// simulator) and refuses the others: run those with [`Experiment::run_async`].

@@ -33,9 +33,17 @@ const OPS_PER_PACE: usize = 500;
 
 /// Runs `ops` on `rt`, reading the op file at `params.path`.
 pub async fn run(rt: &Runtime, params: &OpsParams) -> Result<Outcome, RuntimeError> {
-    let text = std::fs::read_to_string(&params.path)
-        .map_err(|e| RuntimeError::Input { path: params.path.clone(), message: e.to_string() })?;
+    let text = read(&params.path)?;
     run_text(rt, params, &text).await
+}
+
+/// The text of the op file at `path`, read within the input limit every reader applies
+/// ([`cachalot_trace::input`]).
+pub fn read(path: &str) -> Result<String, RuntimeError> {
+    let input = |message: String| RuntimeError::Input { path: path.to_owned(), message };
+    let bytes = cachalot_trace::input::read(std::path::Path::new(path)).map_err(|e| input(e.reason()))?;
+    String::from_utf8(bytes)
+        .map_err(|e| input(format!("not an op file: not UTF-8 text (byte {} is not)", e.utf8_error().valid_up_to())))
 }
 
 /// Runs `ops` on `rt` with the op file's text (the browser's uploaded file); `params.path`
@@ -54,7 +62,14 @@ pub async fn run_text(rt: &Runtime, params: &OpsParams, text: &str) -> Result<Ou
     let began = start;
     for (i, op) in file.ops.iter().enumerate() {
         match *op {
-            Op::Alloc { id, size, .. } => live[id as usize] = Some(rt.raw(size)?),
+            Op::Alloc { id, size, .. } => {
+                // An out-of-memory error (or any other) names the op file and the line it came from.
+                let tensor = rt.raw(size).map_err(|e| match OpFile::line_of(text, i) {
+                    Some(line) => input(format!("line {line}: {e}")),
+                    None => e,
+                })?;
+                live[id as usize] = Some(tensor);
+            }
             Op::Free { id } => live[id as usize] = None,
         }
         if params.mark_every > 0 && (i + 1) % params.mark_every == 0 {

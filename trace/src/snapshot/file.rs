@@ -20,6 +20,7 @@
 //! | `trace_complete` | bool | whether the trace starts from an empty allocator (else earlier entries were dropped) |
 
 use cachalot_core::backend::DeviceFacts;
+use cachalot_core::error::shorten;
 use cachalot_core::size::MAX_REQUEST;
 use cachalot_core::stats::MemoryStats;
 use cachalot_core::trace::{Annotation, ContextTable, Frame, Mark, TraceAction, TraceEntry};
@@ -77,11 +78,12 @@ pub struct Snapshot {
 /// A snapshot file that cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotFileError {
-    /// Not valid JSON, or a field of the wrong type; the message names line and column.
-    #[error("{0}")]
+    /// Not valid JSON, or a field of the wrong type; the message names line and column, and
+    /// quotes a bad value by its first bytes only.
+    #[error("{}", json_message(.0))]
     Json(#[from] serde_json::Error),
     /// JSON of another kind of file.
-    #[error("not a cachalot snapshot (format is {0:?})")]
+    #[error("not a cachalot snapshot (format is {:?})", shorten(.0))]
     WrongFormat(String),
     /// A newer schema.
     #[error("snapshot version {0} is newer than this cachalot understands ({VERSION})")]
@@ -90,6 +92,18 @@ pub enum SnapshotFileError {
     /// (the viewer's, the replay's) would wrap.
     #[error("{0}")]
     Value(String),
+}
+
+/// serde_json's message, whose quote of a bad value (a string of the wrong type, an unknown
+/// variant) may be the whole value, however long: cut to its first bytes, the line and column
+/// kept.
+fn json_message(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let place = format!(" at line {} column {}", error.line(), error.column());
+    match message.strip_suffix(&place) {
+        Some(what) if error.line() > 0 => format!("{}{place}", shorten(what)),
+        _ => shorten(&message).into_owned(),
+    }
 }
 
 impl Snapshot {
@@ -219,6 +233,20 @@ mod tests {
         let err = Snapshot::from_json(b"{\"format\":\"cachalot-snapshot\",\"version\":1,\"source\":3}").unwrap_err();
         assert!(err.to_string().contains("line 1"), "{err}");
         assert!(Snapshot::from_json(b"{\"format\": \"cachalot-snap").is_err());
+    }
+
+    /// A megabyte-long value of the wrong type, or format name, is quoted by its first bytes;
+    /// the place stays in the message.
+    #[test]
+    fn long_bad_values_are_quoted_short() {
+        let long = "x".repeat(1 << 20);
+        let wrong_type = format!("{{\"format\":\"cachalot-snapshot\",\"version\":\"{long}\"}}");
+        let message = Snapshot::from_json(wrong_type.as_bytes()).unwrap_err().to_string();
+        assert!(message.len() < 300, "{} bytes", message.len());
+        assert!(message.contains("bytes) at line 1 column 1048618"), "{message}");
+        let other = format!("{{\"format\":\"{long}\"}}");
+        let message = Snapshot::from_json(other.as_bytes()).unwrap_err().to_string();
+        assert!(message.len() < 300 && message.starts_with("not a cachalot snapshot"), "{message}");
     }
 
     /// Values that would wrap the viewer's and the replay's sums are refused, naming the place.

@@ -261,8 +261,10 @@ impl RunSettings {
                     return Err(problem);
                 }
                 let path = self.ops_file.trim();
-                let text = std::fs::read_to_string(path).map_err(|e| format!("op file {path}: {e}"))?;
-                OpFile::parse(&text).map_err(|e| format!("op file {path}: {e}"))?;
+                let bytes = cachalot_trace::input::read(std::path::Path::new(path))
+                    .map_err(|e| format!("op file {path}: {}", e.reason()))?;
+                let text = std::str::from_utf8(&bytes).map_err(|_| format!("op file {path}: not UTF-8 text"))?;
+                OpFile::parse(text).map_err(|e| format!("op file {path}: {e}"))?;
                 let mark_every = number("mark every", &self.mark_every, "a number of ops")?;
                 Experiment::Ops(OpsParams { path: path.to_owned(), mark_every, ops_per_second: 0 })
             }

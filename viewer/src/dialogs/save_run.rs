@@ -80,7 +80,7 @@ impl SaveDialog {
 /// Writes `tab`'s run to `path` as `format`.
 pub fn save(tab: &RunTab, format: SaveFormat, path: &Path) -> Result<(), String> {
     let bytes = run_bytes(&tab.run, tab.end_snapshot.as_deref(), format).map_err(|e| e.to_string())?;
-    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+    cachalot_trace::output::write_atomic(path, &bytes).map_err(|e| e.to_string())
 }
 
 /// A file name in the current folder made of the run's name.

@@ -154,7 +154,7 @@ pub fn bench_live(ops: usize, ops_per_second: u64, rounds: usize, size: egui::Ve
     let dir = std::env::temp_dir().join(format!("cachalot-bench-live-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let path = dir.join("live.ops");
-    std::fs::write(&path, live_bench_ops(ops)).map_err(|e| e.to_string())?;
+    cachalot_trace::output::write_atomic(&path, live_bench_ops(ops).as_bytes()).map_err(|e| e.to_string())?;
     let experiment = RuntimeRun::Ops(OpsParams { path: path.display().to_string(), mark_every: 0, ops_per_second });
     let options = DeviceOptions { backend: BackendRequest::Sim, compute: false, ..Default::default() };
     let result = (0..rounds.max(1)).map(|_| round(&experiment, &options, size)).collect::<Result<Vec<_>, _>>();

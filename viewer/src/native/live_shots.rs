@@ -62,7 +62,7 @@ pub fn live_screenshots(app: ViewerApp, shots: &LiveShots) -> Result<(ViewerApp,
         let cursor = tab.cursor;
         harness.run_steps(4);
         let running = harness.state().active_tab().is_some_and(|t| t.live.is_some());
-        harness.render()?.save(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        super::save_png(&harness.render()?, path)?;
         report.mid = Some((cursor, running));
         if let Some(tab) = harness.state_mut().active_tab_mut() {
             tab.timeline.follow = true;
@@ -77,7 +77,7 @@ pub fn live_screenshots(app: ViewerApp, shots: &LiveShots) -> Result<(ViewerApp,
         report.entries = tab.run.trace.len();
     }
     harness.run_steps(4);
-    harness.render()?.save(&shots.end).map_err(|e| format!("{}: {e}", shots.end.display()))?;
+    super::save_png(&harness.render()?, &shots.end)?;
     Ok((harness.into_state(), report))
 }
 
