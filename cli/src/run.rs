@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow};
 use cachalot_core::error::{format_size, group_digits};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
-use cachalot_runtime::oom_snapshots::OomSnapshots;
 use cachalot_runtime::{
     Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SweepParams, execute_on, open,
 };
+use cachalot_trace::oom_snapshots::OomSnapshots;
 
 use crate::failure::{Failure, Outcome};
 

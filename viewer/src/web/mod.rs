@@ -1,15 +1,18 @@
 //! The browser: eframe's web runner on a canvas, offering the simulator's experiments and
 //! opening the files named in the page's address (`?open=trace.pickle&open=run.json`, fetched
 //! from the same server). The file picker and dropped files are the app's loader's. Beside the
-//! viewer, [`crate::web_run`]'s window runs the experiments of `cachalot run` on the
+//! viewer, [`run`]'s window runs the experiments of `cachalot run` on the
 //! visitor's GPU through WebGPU.
+
+pub mod run;
+mod warm;
 
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
 use crate::app::ViewerApp;
 use crate::live::default_experiments;
-use crate::web_run::WebRuns;
+use run::WebRuns;
 
 /// The page's app: the viewer and the WebGPU runs' window over it.
 struct WebApp {
@@ -100,7 +103,7 @@ impl WebHandle {
     pub async fn start(&self, canvas: web_sys::HtmlCanvasElement) -> Result<(), JsValue> {
         let mut options = eframe::WebOptions::default();
         // The page draws with WebGL2 where the browser has it (every desktop browser), leaving
-        // WebGPU to the experiments' compute (`web_run`): the same pictures, and headless
+        // WebGPU to the experiments' compute (`web::run`): the same pictures, and headless
         // Chromium (the test) captures a WebGL canvas in screenshots, where a WebGPU one comes
         // out blank. Without WebGL2 (headless Firefox on a machine with no GPU) wgpu picks.
         if has_webgl2()
@@ -120,7 +123,7 @@ impl WebHandle {
                     }
                     let runs = WebRuns::default();
                     runs.request_adapter(&cc.egui_ctx);
-                    wasm_bindgen_futures::spawn_local(crate::web_warm::warm_up());
+                    wasm_bindgen_futures::spawn_local(warm::warm_up());
                     Ok(Box::new(WebApp { viewer, runs, ctx: cc.egui_ctx.clone() }))
                 }),
             )
@@ -167,7 +170,7 @@ impl WebHandle {
         let Some(progress) = app.runs.current() else { return Ok(None) };
         let progress = progress.borrow();
         let Some(result) = progress.result.as_ref() else { return Ok(None) };
-        crate::web_run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+        run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
     }
 
     /// Asks the current WebGPU run to stop, as the window's Stop button does.
@@ -192,10 +195,10 @@ impl WebHandle {
         let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_owned);
         if let Some(name) = text("experiment") {
             s.kind = match name.as_str() {
-                "seeds" => crate::web_run::Kind::Seeds,
-                "mlp-train" => crate::web_run::Kind::MlpTrain,
-                "matmul-sweep" => crate::web_run::Kind::MatmulSweep,
-                "ops" => crate::web_run::Kind::Ops,
+                "seeds" => run::Kind::Seeds,
+                "mlp-train" => run::Kind::MlpTrain,
+                "matmul-sweep" => run::Kind::MatmulSweep,
+                "ops" => run::Kind::Ops,
                 other => return Err(JsValue::from_str(&format!("unknown experiment '{other}'"))),
             };
         }

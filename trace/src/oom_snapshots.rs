@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cachalot_core::DynOomObserver;
-use cachalot_trace::Snapshot;
+
+use crate::Snapshot;
 
 /// The snapshots written so far, and the first write that failed (an observer cannot return
 /// an error: the caller asks afterwards, [`OomSnapshots::first_error`]).
