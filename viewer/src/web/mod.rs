@@ -41,6 +41,9 @@ impl eframe::App for WebApp {
                 window.queue_microtask(painted.unchecked_ref());
             }
         }
+        if self.viewer.host_button_clicked() {
+            self.runs.show_window();
+        }
         if let Some(run) = self.runs.window(ui.ctx()) {
             self.viewer.add_live(run);
         }
@@ -117,7 +120,9 @@ impl WebHandle {
                 options,
                 Box::new(|cc| {
                     ViewerApp::setup(&cc.egui_ctx);
-                    let viewer = ViewerApp::new().with_experiments(default_experiments());
+                    let viewer = ViewerApp::new()
+                        .with_experiments(default_experiments())
+                        .with_host_button("Run on this GPU (WebGPU)…");
                     for url in requested_files() {
                         viewer.fetch(url, cc.egui_ctx.clone());
                     }
@@ -171,6 +176,16 @@ impl WebHandle {
         let progress = progress.borrow();
         let Some(result) = progress.result.as_ref() else { return Ok(None) };
         run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+    }
+
+    /// Shows the "Run on this GPU (WebGPU)" window, as the button of the page's top bar does
+    /// (`gpu_status().window_open` says whether it is shown).
+    #[wasm_bindgen]
+    pub fn show_gpu_window(&self) -> Result<(), JsValue> {
+        let mut app = self.app()?;
+        app.runs.show_window();
+        app.ctx.request_repaint();
+        Ok(())
     }
 
     /// Asks the current WebGPU run to stop, as the window's Stop button does.
