@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use cachalot_core::{AllocatorConfig, CachingAllocator, DeviceAllocators, OomEvent, OomObserver, SimBackend};
-use cachalot_runtime::oom_snapshots::OomSnapshots;
 use cachalot_trace::Snapshot;
+use cachalot_trace::oom_snapshots::OomSnapshots;
 use cachalot_trace::replay::{ReplayOptions, ReplayOutcome, replay_observed, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::snapshot::{FileFormat, pickle};

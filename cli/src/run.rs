@@ -10,11 +10,11 @@ use anyhow::anyhow;
 use cachalot_core::DeviceFacts;
 use cachalot_core::error::{format_size, group_digits, shorten};
 use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
-use cachalot_runtime::oom_snapshots::OomSnapshots;
 use cachalot_runtime::stream::{TraceBatch, TraceSink};
 use cachalot_runtime::{
     Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, RunResult, SweepParams, execute_watched, open,
 };
+use cachalot_trace::oom_snapshots::OomSnapshots;
 
 use crate::failure::{Failure, Outcome};
 use crate::interrupt;

@@ -4,7 +4,7 @@
 //!
 //! `cachalot view --run EXPERIMENT [--backend ...] [experiment flags]` runs an experiment of
 //! `cachalot run` (same experiments, flags and device options) live in the window: its
-//! allocator events stream in as they happen (see `cachalot_viewer::live::runtime`). With
+//! allocator events stream in as they happen (see `cachalot_viewer::live::device_runs`). With
 //! `--screenshot` it runs headless and pictures the end (and, with `--mid-screenshot`, the
 //! run held at `--mid-event`), prints what it checked, and saves the run to `--out`.
 
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use cachalot_viewer::live::default_experiments;
-use cachalot_viewer::live::runtime::{RuntimeExperiment, runtime_experiments};
+use cachalot_viewer::live::device_runs::{RuntimeExperiment, runtime_experiments};
 use cachalot_viewer::live::save::{SaveFormat, run_bytes};
 use cachalot_viewer::model::Verification;
 use cachalot_viewer::native::{

@@ -40,7 +40,6 @@ pub mod comparison;
 pub mod device;
 mod error;
 pub mod experiments;
-pub mod oom_snapshots;
 pub mod run;
 pub mod runtime;
 pub mod select;

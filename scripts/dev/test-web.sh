@@ -4,6 +4,11 @@
 # driven by playwright-core, and checks: no console errors, the trace loads and its timeline is
 # drawn, the broken file shows an error, a screenshot (target/web-test.png) shows the page.
 #
+# Then the first two screens a visitor sees (web-test/screens.mjs), checked by their screenshots
+# (target/web-first.png, web-after-seeds.png): the welcome screen with nothing over it, and the
+# screen after a `seeds` run on the page's WebGPU showing the whole run at its peak, the window
+# that started it closed; and an out-of-memory error naming the page's device.
+#
 # Then the experiments on the page's WebGPU (web-test/webgpu.mjs; Chromium's WebGPU runs on its
 # bundled SwiftShader without a GPU): `seeds` and a 5-step `mlp-train` against native runs made
 # here first — marks against `cachalot run --backend wgpu` (lavapipe), losses and allocator
@@ -58,6 +63,8 @@ for _ in $(seq 50); do
 done
 node scripts/dev/web-test/test.mjs "http://127.0.0.1:$port/" "$shot"
 echo "test-web: screenshot in $shot"
+node scripts/dev/web-test/screens.mjs "http://127.0.0.1:$port/" "$(dirname "$shot")"
+echo "test-web: the first screens in $(dirname "$shot")/web-first.png and web-after-seeds.png"
 
 # The native references of the WebGPU runs.
 refs="$target_dir/web-test-refs"

@@ -18,6 +18,8 @@
 //! - [`rebuild`]: the segments, blocks and `memory_stats()` a recorded trace describes, rebuilt
 //!   entry by entry (and backwards from the end state where the trace lost its start) without
 //!   running the allocator: what the viewer shows at every point of a recording.
+//! - [`oom_snapshots`]: a snapshot written at each out-of-memory error, through the
+//!   allocator's OOM observer (`--oom-snapshot DIR` of `cachalot run` and `cachalot replay`).
 //! - [`input`]: an input file read whole within the size limit every reader applies
 //!   (`CACHALOT_MAX_INPUT_BYTES`).
 //! - [`explain`]: why a request of a recorded job ran out of memory, read off the replayed
@@ -46,6 +48,7 @@
 pub mod explain;
 pub mod input;
 pub mod normalized;
+pub mod oom_snapshots;
 pub mod ops;
 pub mod output;
 pub mod pool_calls;

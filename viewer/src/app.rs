@@ -58,6 +58,10 @@ pub struct ViewerApp {
     /// then paint no fill and the window is cleared to their colour instead (see
     /// [`style::panel_frame`]).
     pub software_rendering: bool,
+    /// A button of the program showing the viewer, beside "Run experiment…" (the web page's
+    /// "Run on this GPU (WebGPU)…"), and whether it was clicked since the program last asked
+    /// ([`ViewerApp::host_button_clicked`]).
+    host_button: Option<(String, bool)>,
 }
 
 impl Default for ViewerApp {
@@ -90,6 +94,29 @@ impl ViewerApp {
             #[cfg(not(target_arch = "wasm32"))]
             save_dialog: crate::dialogs::SaveDialog::default(),
             software_rendering: false,
+            host_button: None,
+        }
+    }
+
+    /// Adds a button labelled `label` beside "Run experiment…" (in the top bar and on the
+    /// welcome screen) for the program showing the viewer, which asks
+    /// [`ViewerApp::host_button_clicked`] each frame: what it opens stays closed until asked for.
+    pub fn with_host_button(mut self, label: impl Into<String>) -> Self {
+        self.host_button = Some((label.into(), false));
+        self
+    }
+
+    /// Whether the host's button was clicked since the last call.
+    pub fn host_button_clicked(&mut self) -> bool {
+        self.host_button.as_mut().is_some_and(|(_, clicked)| std::mem::take(clicked))
+    }
+
+    /// The host's button, if there is one.
+    fn host_button_ui(&mut self, ui: &mut egui::Ui) {
+        if let Some((label, clicked)) = &mut self.host_button
+            && ui.button(label.as_str()).clicked()
+        {
+            *clicked = true;
         }
     }
 
@@ -265,6 +292,7 @@ impl ViewerApp {
                     if ui.button("Run experiment…").clicked() {
                         self.run_dialog.open = true;
                     }
+                    self.host_button_ui(ui);
                     let replayable =
                         self.active_tab().is_some_and(|t| matches!(t.run.kind, RunKind::Torch { .. }) && !t.run.live);
                     if ui
@@ -326,6 +354,7 @@ impl ViewerApp {
             if ui.button("Run experiment…").clicked() {
                 self.run_dialog.open = true;
             }
+            self.host_button_ui(ui);
         });
     }
 
@@ -365,10 +394,13 @@ impl ViewerApp {
     fn run_panels(&mut self, ui: &mut egui::Ui) {
         let Some(tab) = self.tabs.get_mut(self.active) else { return };
         let mut moved = None;
+        // The timeline is the picture a run is read by: two fifths of the window at first, at
+        // least as tall as its rows of mark labels and a plot need.
+        let timeline_height = (ui.available_height() * 0.4).max(230.0);
         egui::Panel::top("timeline_panel")
             .frame(style::panel_frame(ui, egui::Frame::side_top_panel(ui.style())))
             .resizable(true)
-            .default_size(230.0)
+            .default_size(timeline_height)
             .min_size(120.0)
             .show(ui, |ui| {
                 moved = timeline::ui(ui, &mut tab.run, tab.cursor, &mut tab.timeline);
@@ -514,6 +546,11 @@ impl ViewerApp {
                     "live": t.live.is_some(),
                     "verified": matches!(t.run.verification, Verification::Matches { .. }),
                     "timeline_drawn": t.timeline.plot_area.is_some(),
+                    // Where the plot was drawn (points: left, top, right, bottom) and the
+                    // entries at its left and right edges.
+                    "timeline_area": t.timeline.plot_area.map(|(r, _, _)| [r.left(), r.top(), r.right(), r.bottom()]),
+                    "timeline_entries": t.timeline.plot_area.map(|(_, left, right)| [left, right]),
+                    "segments_at_cursor": t.cache.state().map(|s| s.segments.len()),
                 })
             })
             .collect();

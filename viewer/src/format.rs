@@ -86,9 +86,53 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
     Some((value * scale as f64) as u64)
 }
 
+/// A run's error as a page shows it for a run on `device` (the browser's WebGPU adapter, or
+/// the simulator): the allocator's out-of-memory message is PyTorch's word for word ("CUDA out
+/// of memory. … GPU 0 has a total capacity …"), which names a device the run did not use; here
+/// it names `device`. Other errors read as they are.
+pub fn error_on_device(error: &str, device: &str) -> String {
+    const PYTORCH: &str = "CUDA out of memory.";
+    let Some(start) = error.find(PYTORCH) else { return error.to_owned() };
+    let (before, rest) = (&error[..start], &error[start + PYTORCH.len()..]);
+    let rest = match rest.find(" GPU ") {
+        Some(at) => {
+            let after = &rest[at + " GPU ".len()..];
+            let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            match after[digits..].strip_prefix(" has ") {
+                Some(tail) if digits > 0 => format!("{} The device has {tail}", &rest[..at]),
+                _ => rest.to_owned(),
+            }
+        }
+        None => rest.to_owned(),
+    };
+    format!("{before}out of memory on {device}.{rest}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_out_of_memory_error_names_the_device_it_ran_on() {
+        let pytorch = "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 16.00 MiB \
+                       of which 0 bytes is free. Of the allocated memory 12.00 MiB is allocated by PyTorch";
+        assert_eq!(
+            error_on_device(pytorch, "WebGPU (google swiftshader, a budget of 16.00 MiB)"),
+            "out of memory on WebGPU (google swiftshader, a budget of 16.00 MiB). Tried to allocate 20.00 MiB. The \
+             device has a total capacity of 16.00 MiB of which 0 bytes is free. Of the allocated memory 12.00 MiB \
+             is allocated by PyTorch"
+        );
+        let oversize = "CUDA out of memory. Tried to allocate more than 1EB memory.";
+        assert_eq!(
+            error_on_device(oversize, "the simulator"),
+            "out of memory on the simulator. Tried to allocate more than 1EB memory."
+        );
+        assert_eq!(error_on_device("stopped after 3 marks", "the simulator"), "stopped after 3 marks");
+        assert_eq!(
+            error_on_device("seeds: CUDA out of memory. x", "the simulator"),
+            "seeds: out of memory on the simulator. x"
+        );
+    }
 
     #[test]
     fn sizes_read_like_memory_viz() {

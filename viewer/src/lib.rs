@@ -21,7 +21,7 @@
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
 //! - natively, [`native`]: the window, headless screenshots and the benchmark; in the
-//!   browser, `web`: the page's entry point, and `web_run`: the experiments of `cachalot run`
+//!   browser, `web`: the page's entry point, and `web::run`: the experiments of `cachalot run`
 //!   on the visitor's GPU through WebGPU.
 //!
 //! Each module imports only modules listed before it: no panel imports [`app`]. The `cachalot`
@@ -61,10 +61,6 @@ pub mod tune;
 pub mod native;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
-#[cfg(target_arch = "wasm32")]
-pub mod web_run;
-#[cfg(target_arch = "wasm32")]
-mod web_warm;
 
 pub use app::ViewerApp;
 pub use model::Run;

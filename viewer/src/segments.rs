@@ -13,8 +13,11 @@ use crate::format;
 use crate::model::{NO_EVENT, PoolState, Run};
 use crate::style::{self, BlockKind};
 
-/// Height of a row, in points.
+/// Height of a row, in points, where the rows fill the panel or more.
 pub const ROW_HEIGHT: f32 = 18.0;
+/// The tallest a row grows to where few rows leave the panel mostly empty: blocks big enough
+/// to point at, and the map reads as a picture rather than a strip at the top.
+const MAX_ROW_HEIGHT: f32 = 40.0;
 /// Narrowest label column, in points: room for the address, size, pool and a short stream.
 const LABEL_WIDTH: f32 = 250.0;
 /// Font of the row labels.
@@ -121,6 +124,9 @@ pub struct SegmentMapState {
     pub group_by_stream: bool,
     /// Address of the selected block.
     pub selected: Option<u64>,
+    /// Few rows grow taller to fill the panel (up to [`MAX_ROW_HEIGHT`]); off where two maps
+    /// are compared, whose rows must be alike.
+    pub fill_height: bool,
     /// Where the visible blocks at least 3 points wide were drawn in the last frame, by
     /// address (for hit tests in tests and tools).
     pub drawn: Vec<(u64, Rect)>,
@@ -134,6 +140,7 @@ impl Default for SegmentMapState {
             per_row_scale: false,
             group_by_stream: false,
             selected: None,
+            fill_height: true,
             drawn: Vec::new(),
         }
     }
@@ -272,12 +279,14 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
         return go;
     }
     let longest = rows.iter().map(Row::len).max().unwrap_or(1).max(1);
+    let per_row = ui.available_height() / rows.len() as f32 - ui.spacing().item_spacing.y;
+    let row_height = if map.fill_height { per_row.clamp(ROW_HEIGHT, MAX_ROW_HEIGHT).floor() } else { ROW_HEIGHT };
     map.drawn.clear();
     let zoom_delta = ui.input(|i| if i.modifiers.command { i.zoom_delta() } else { 1.0 });
 
     egui::ScrollArea::vertical().id_salt(("segment_rows", run.name.as_str())).auto_shrink(false).show_rows(
         ui,
-        ROW_HEIGHT,
+        row_height,
         rows.len(),
         |ui, range| {
             let width = ui.available_width();
@@ -286,7 +295,7 @@ pub fn ui(ui: &mut egui::Ui, run: &Run, state: &PoolState, map: &mut SegmentMapS
             let label_width = label_column_width(ui, &labels, width);
             let bar_width = (width - label_width - 8.0).max(50.0);
             for (row, label) in rows[range].iter().zip(labels) {
-                let (rect, response) = ui.allocate_exact_size(Vec2::new(width, ROW_HEIGHT), Sense::click_and_drag());
+                let (rect, response) = ui.allocate_exact_size(Vec2::new(width, row_height), Sense::click_and_drag());
                 let bytes_per_point = match map.per_row_scale {
                     true => row.len().max(1) as f64 / bar_width as f64 / map.zoom as f64,
                     false => longest as f64 / bar_width as f64 / map.zoom as f64,
@@ -367,7 +376,7 @@ fn paint_row(
     let painter = ui.painter_at(rect);
     let text = ui.visuals().text_color();
     painter.rect_filled(
-        Rect::from_min_size(rect.min + Vec2::new(2.0, 4.0), Vec2::new(4.0, ROW_HEIGHT - 8.0)),
+        Rect::from_min_size(rect.min + Vec2::new(2.0, 4.0), Vec2::new(4.0, rect.height() - 8.0)),
         1,
         style::stream_color(row.stream),
     );

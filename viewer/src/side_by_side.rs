@@ -45,7 +45,7 @@ impl Default for SideBySideState {
             b: 1,
             link: Link::Entry,
             only_differences: true,
-            maps: [SegmentMapState::default(), SegmentMapState::default()],
+            maps: [(); 2].map(|()| SegmentMapState { fill_height: false, ..SegmentMapState::default() }),
             reasons: crate::reasons::ReasonsState::default(),
             expected: crate::reasons::ExpectedState::default(),
         }

@@ -196,8 +196,12 @@ impl RunTab {
             self.run.finish();
             self.cache.clear();
         }
-        if self.timeline.follow && (self.run.live || done) {
+        if self.timeline.follow && self.run.live {
             self.cursor = self.run.end();
+        } else if self.timeline.follow && done {
+            // The run is whole: it shows where a file of it would open, at its peak (at its end
+            // a run has often freed everything, and the segment map would show nothing).
+            self.cursor = peak_cursor(&self.run);
         }
         notices
     }
@@ -262,6 +266,7 @@ pub fn view_bar(ui: &mut egui::Ui, view: &mut View, shown: Option<&RunTab>) {
 fn run_info(ui: &mut egui::Ui, tab: &RunTab) {
     let run = &tab.run;
     let device = match (&run.device, &run.kind) {
+        (Some(d), _) if d.name.trim().is_empty() => format!("unnamed device ({})", d.backend),
         (Some(d), _) => format!("{} ({})", d.name, d.backend),
         (None, RunKind::Torch { device }) => format!("recorded by PyTorch, device {device}"),
         (None, _) => "device unknown".into(),

@@ -1,5 +1,10 @@
 //! The timeline: allocated, active and reserved bytes over the trace, OOM and `empty_cache`
 //! markers, and the cursor, which the user drags to any moment.
+//!
+//! Bytes go up on a linear scale, or on a logarithmic one ([`Scale`]) where a run's labelled
+//! phases are of such different sizes that the small ones would be a flat line at the bottom
+//! (`cachalot run seeds`: 512 B to 1 GiB). The top of the plot is kept for the marks' labels,
+//! above the highest value, so that no label sits on a line.
 
 use egui::Color32;
 use egui_plot::{FilledArea, GridMark, HoverPosition, Line, LineStyle, Plot, PlotPoints, PlotUi, VLine};
@@ -16,6 +21,47 @@ const MARK_LABEL_GAP: f32 = 6.0;
 /// Most marks in view whose labels are measured and laid out in a frame: more would not fit in
 /// the rows anyway, and measuring every mark of a long run each frame would cost its frame rate.
 const MAX_MARK_LABELS: usize = 120;
+/// The ratio between the largest and the smallest non-zero level of a run's marks above which
+/// the timeline opens on a logarithmic scale: at a linear scale 64 times below the top, a phase
+/// is a few pixels high.
+const LOG_SCALE_SPAN: u64 = 64;
+
+/// How bytes map to the plot's height.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    /// Bytes as they are.
+    Linear,
+    /// `log2(bytes)`, with everything below `floor` bytes (zero included) drawn at `floor`.
+    Log {
+        /// The bottom of the plot, in bytes (a power of two).
+        floor: f64,
+    },
+}
+
+impl Scale {
+    /// The plot's y value of `bytes`.
+    pub fn y(self, bytes: f64) -> f64 {
+        match self {
+            Scale::Linear => bytes,
+            Scale::Log { floor } => bytes.max(floor).log2(),
+        }
+    }
+
+    /// The bytes at the plot's y value `y`.
+    pub fn bytes(self, y: f64) -> f64 {
+        match self {
+            Scale::Linear => y,
+            Scale::Log { .. } => y.exp2(),
+        }
+    }
+
+    /// The logarithmic scale for a run whose smallest non-zero value is `smallest` bytes: its
+    /// floor one power of two below that value's, so that it stands above zero.
+    pub fn log_for(smallest: u64) -> Self {
+        let power = smallest.max(2).ilog2() - 1;
+        Scale::Log { floor: f64::from(power).exp2() }
+    }
+}
 
 /// What the timeline remembers between frames.
 #[derive(Clone, Debug)]
@@ -26,6 +72,14 @@ pub struct TimelineState {
     pub follow: bool,
     /// Draw labelled marks.
     pub show_marks: bool,
+    /// A logarithmic byte axis, as the user chose it; `None` until they do, the run decides
+    /// ([`log_scale_suits`]).
+    pub log_scale: Option<bool>,
+    /// Rows of mark labels drawn last frame: the band kept free for them at the top.
+    pub label_rows: usize,
+    /// The smallest non-zero value of the run's counters, over its first `.0` cursor positions
+    /// (kept up to date as a live run grows, without rescanning it).
+    smallest: (usize, u64),
     /// Where the plot was drawn last frame, and the entries its left and right edges showed
     /// (for hit tests in tests and tools).
     pub plot_area: Option<(egui::Rect, f64, f64)>,
@@ -33,7 +87,15 @@ pub struct TimelineState {
 
 impl Default for TimelineState {
     fn default() -> Self {
-        TimelineState { show_active: true, follow: true, show_marks: true, plot_area: None }
+        TimelineState {
+            show_active: true,
+            follow: true,
+            show_marks: true,
+            log_scale: None,
+            label_rows: 0,
+            smallest: (0, u64::MAX),
+            plot_area: None,
+        }
     }
 }
 
@@ -65,14 +127,59 @@ const MIN_BAND_THICKNESS: f64 = 1.5;
 /// How `series` is drawn over the x range `[x0, x1]` of `plot_ui`: about two points per pixel,
 /// and bands at least a line thick.
 pub fn outline(series: &mut crate::model::Series, plot_ui: &PlotUi, x0: f64, x1: f64) -> Outline {
+    scaled_outline(series, plot_ui, x0, x1, Scale::Linear)
+}
+
+/// [`outline`] with its bytes on `scale`.
+fn scaled_outline(series: &mut crate::model::Series, plot_ui: &PlotUi, x0: f64, x1: f64, scale: Scale) -> Outline {
     let start = x0.floor().max(0.0) as usize;
     let end = (x1.ceil().max(0.0) as usize).saturating_add(2);
     let width_px = plot_ui.response().rect.width();
     let mut outline = series.outline(start..end, (width_px.max(100.0) * 2.0) as usize);
+    if scale != Scale::Linear {
+        match &mut outline {
+            Outline::Steps(points) => points.iter_mut().for_each(|p| p[1] = scale.y(p[1])),
+            Outline::Band(band) => band.low.iter_mut().chain(band.high.iter_mut()).for_each(|v| *v = scale.y(*v)),
+        }
+    }
+    // Thickened in the plot's units, after the scale.
     if let Outline::Band(band) = &mut outline {
         band.thicken(MIN_BAND_THICKNESS / plot_ui.transform().dpos_dvalue_y().abs().max(f64::MIN_POSITIVE));
     }
     outline
+}
+
+/// Whether a run reads best on a logarithmic scale: its marks' non-zero levels (reserved bytes)
+/// span more than [`LOG_SCALE_SPAN`], so that at a linear scale its small phases would be flat
+/// at the bottom. A run without marks (a PyTorch trace) stays linear, where the differences
+/// near its peak read best.
+pub fn log_scale_suits(run: &Run) -> bool {
+    let levels = run.marks.iter().map(|m| m.reserved).filter(|&r| r > 0);
+    match (levels.clone().min(), levels.max()) {
+        (Some(low), Some(high)) => high / low > LOG_SCALE_SPAN,
+        _ => false,
+    }
+}
+
+/// Grid lines of a byte axis drawn as `log2(bytes)`: at every power of two, the powers of 1024
+/// (1 KiB, 1 MiB, 1 GiB) strongest; egui_plot leaves out the labels of lines too close together.
+fn log_grid(input: egui_plot::GridInput) -> Vec<GridMark> {
+    let (low, high) = input.bounds;
+    if !(low.is_finite() && high.is_finite()) || high - low > 128.0 {
+        return Vec::new();
+    }
+    (low.ceil() as i64..=high.floor() as i64)
+        .map(|power| {
+            let step_size = if power % 10 == 0 {
+                10.0
+            } else if power % 2 == 0 {
+                2.0
+            } else {
+                1.0
+            };
+            GridMark { value: power as f64, step_size }
+        })
+        .collect()
 }
 
 /// Adds a counter to a plot: a step line, or where there are more entries than pixels a band
@@ -135,12 +242,12 @@ fn legend(ui: &mut egui::Ui, run: &Run, show_active: bool) {
 const MARK_COLOR: Color32 = Color32::from_gray(170);
 
 /// Labels the marks between entries `x0` and `x1` at the top of the plot, each at its entry,
-/// in as many rows as it takes for no two to overlap ([`label_rows`]).
-fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) {
+/// in as many rows as it takes for no two to overlap ([`label_rows`]); returns the rows used.
+fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) -> usize {
     let from = run.marks.partition_point(|m| (m.trace_index as f64) < x0);
     let to = run.marks.partition_point(|m| (m.trace_index as f64) <= x1);
     if from == to {
-        return;
+        return 0;
     }
     let step = (to - from).div_ceil(MAX_MARK_LABELS);
     let marks: Vec<&cachalot_core::Mark> = run.marks[from..to].iter().step_by(step).collect();
@@ -161,13 +268,42 @@ fn mark_labels(plot_ui: &mut PlotUi, run: &Run, x0: f64, x1: f64) {
             .collect()
     });
     let top = transform.frame().top() + 2.0;
+    let mut used = 0;
     for ((mark, &(left, _)), row) in marks.iter().zip(&spans).zip(label_rows(&spans, MARK_LABEL_ROWS, MARK_LABEL_GAP)) {
         let Some(row) = row else { continue };
+        used = used.max(row + 1);
         let at = transform.value_from_position(egui::pos2(left, top + row as f32 * row_height));
         plot_ui.text(
             egui_plot::Text::new("mark", at, mark.label.as_str()).color(MARK_COLOR).anchor(egui::Align2::LEFT_TOP),
         );
     }
+    used
+}
+
+/// The smallest non-zero value of the run's counters, brought up to date with its new values.
+fn smallest_value(run: &Run, state: &mut TimelineState) -> u64 {
+    let len = run.reserved.len();
+    // A shorter run than last frame is another run in the tab (a live run's start): scan it anew.
+    let (seen, mut smallest) = if len < state.smallest.0 { (0, u64::MAX) } else { state.smallest };
+    for series in [&run.allocated, &run.active, &run.reserved] {
+        let values = series.values();
+        let new = values.get(seen.min(values.len())..).unwrap_or_default();
+        smallest = new.iter().copied().filter(|&v| v > 0).fold(smallest, u64::min);
+    }
+    state.smallest = (len, smallest);
+    smallest
+}
+
+/// The y range of the plot: from zero (or the log scale's floor) to above the highest value by
+/// the band the mark labels take, given the plot's height last frame.
+fn y_range(scale: Scale, highest: f64, state: &TimelineState, row_height: f32) -> (f64, f64) {
+    let (low, top) = match scale {
+        Scale::Linear => (0.0, highest.max(1.0) * 1.04),
+        Scale::Log { floor } => (scale.y(floor), scale.y(highest.max(floor * 2.0)) + 0.3),
+    };
+    let height = state.plot_area.map_or(150.0, |(rect, _, _)| rect.height()).max(60.0);
+    let band = (state.label_rows as f32 * row_height + 4.0).min(height / 2.0);
+    (low, low + (top - low) * f64::from(height / (height - band)))
 }
 
 /// The row each label goes in, for labels given as `(left, width)` in points in order of
@@ -190,12 +326,16 @@ pub fn label_rows(spans: &[(f32, f32)], rows: usize, gap: f32) -> Vec<Option<usi
 pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineState) -> Option<usize> {
     let end = run.end();
     let x_max = end.max(1) as f64;
-    let y_max = (run.reserved.max().max(run.active.max()).max(1) as f64) * 1.08;
+    let highest = run.reserved.max().max(run.active.max()) as f64;
     let mut moved = None;
 
     ui.horizontal(|ui| {
         ui.checkbox(&mut state.show_active, "active");
         ui.checkbox(&mut state.show_marks, "marks");
+        let mut log = state.log_scale.unwrap_or_else(|| log_scale_suits(run));
+        if ui.checkbox(&mut log, "log scale").on_hover_text("bytes on a logarithmic scale").changed() {
+            state.log_scale = Some(log);
+        }
         if run.live {
             ui.checkbox(&mut state.follow, "follow");
         }
@@ -222,7 +362,16 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
     });
     legend(ui, run, state.show_active);
 
-    let plot = memory_plot(("timeline", run.name.as_str()), x_max, y_max)
+    let scale = if state.log_scale.unwrap_or_else(|| log_scale_suits(run)) {
+        Scale::log_for(smallest_value(run, state))
+    } else {
+        Scale::Linear
+    };
+    let small = egui::TextStyle::Small.resolve(&ui.ctx().global_style());
+    let row_height = ui.ctx().fonts_mut(|f| f.row_height(&small)) + 2.0;
+    let (y_low, y_high) = y_range(scale, highest, state, row_height);
+    let mut plot = memory_plot(("timeline", run.name.as_str()), x_max, y_high)
+        .default_y_bounds(y_low, y_high)
         .x_axis_label("trace entry")
         .label_formatter(|hover| {
             let (name, p) = match hover {
@@ -230,30 +379,46 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
                 HoverPosition::Elsewhere { position } => ("", position),
             };
             let x = p.x.round().max(0.0) as u64;
-            Some(format!("{name}\nafter entry {}\n{}", format::count(x), format::bytes(p.y.max(0.0) as u64)))
+            let bytes = scale.bytes(p.y).max(0.0) as u64;
+            Some(format!("{name}\nafter entry {}\n{}", format::count(x), format::bytes(bytes)))
         })
         .show_crosshair(false)
         // The plot's darker background is a full pass over its area: dropped where shading is
         // done by the CPU (see `style::panel_frame`).
         .show_background(!style::software_rendering(ui.ctx()));
+    if let Scale::Log { .. } = scale {
+        plot = plot
+            .y_axis_formatter(move |mark, _| format::bytes_axis(scale.bytes(mark.value).round() as u64))
+            .y_grid_spacer(log_grid);
+    }
 
     let follow = run.live && state.follow;
     let show_active = state.show_active;
     let show_marks = state.show_marks;
+    let mut label_rows = 0;
     let response = plot.show(ui, |plot_ui| {
         if follow {
-            plot_ui.set_plot_bounds_x(0.0..=x_max);
-            plot_ui.set_plot_bounds_y(0.0..=y_max);
+            // The whole run as it grows, and after it ended (until the user zooms): egui_plot
+            // then puts the x range at the plot's default bounds, the run's length, each frame.
+            plot_ui.set_auto_bounds([true, false]);
         }
-        let bounds = plot_ui.plot_bounds();
-        let (x0, x1) = (bounds.min()[0], bounds.max()[0]);
+        // Bytes cannot be zoomed: the range is the run's, with room for the labels.
+        plot_ui.set_plot_bounds_y(y_low..=y_high);
+        // Last frame's range, unless the plot shows the whole run, which may have grown since.
+        let (x0, x1) = if follow || plot_ui.auto_bounds().x {
+            (0.0, x_max)
+        } else {
+            let bounds = plot_ui.plot_bounds();
+            (bounds.min()[0], bounds.max()[0])
+        };
         let width = plot_ui.response().rect.width();
+        let drawn = |series: &mut crate::model::Series| scaled_outline(series, plot_ui, x0, x1, scale);
         // Back to front: each counter is at least the one drawn over it.
-        let mut counters = vec![("reserved", outline(&mut run.reserved, plot_ui, x0, x1), style::series::RESERVED)];
+        let mut counters = vec![("reserved", drawn(&mut run.reserved), style::series::RESERVED)];
         if show_active {
-            counters.push(("active", outline(&mut run.active, plot_ui, x0, x1), style::series::ACTIVE));
+            counters.push(("active", drawn(&mut run.active), style::series::ACTIVE));
         }
-        counters.push(("allocated", outline(&mut run.allocated, plot_ui, x0, x1), style::series::ALLOCATED));
+        counters.push(("allocated", drawn(&mut run.allocated), style::series::ALLOCATED));
         for back in 0..counters.len() {
             let (behind, front) = counters.split_at_mut(back + 1);
             if let Outline::Band(band) = &mut behind[back].1 {
@@ -308,7 +473,7 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
             );
         }
         if show_marks && !run.marks.is_empty() {
-            mark_labels(plot_ui, run, x0, x1);
+            label_rows = mark_labels(plot_ui, run, x0, x1);
         }
         plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
         let response = plot_ui.response();
@@ -321,6 +486,11 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
     });
     let bounds = response.transform.bounds();
     state.plot_area = Some((*response.transform.frame(), bounds.min()[0], bounds.max()[0]));
+    if label_rows != state.label_rows {
+        // The band for the labels changes the y range: draw again with the new one.
+        state.label_rows = label_rows;
+        ui.ctx().request_repaint();
+    }
     let picked = response.inner;
     if let Some(x) = picked {
         moved = Some(x.min(end));

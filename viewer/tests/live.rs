@@ -14,7 +14,7 @@ use cachalot_core::{ContextId, TraceEntry};
 use cachalot_runtime::{BackendRequest, DeviceOptions, Experiment as RuntimeRun, MlpParams};
 use cachalot_viewer::ViewerApp;
 use cachalot_viewer::live::Experiment;
-use cachalot_viewer::live::runtime::RuntimeExperiment;
+use cachalot_viewer::live::device_runs::RuntimeExperiment;
 use cachalot_viewer::live::save::{SaveFormat, run_bytes};
 use cachalot_viewer::load::{Progress, load_bytes};
 use cachalot_viewer::model::{PoolState, Run, StateCache, Verification};

@@ -232,6 +232,49 @@ fn a_live_run_streams_into_the_viewer() {
     harness.get_by_label_contains("training loop (simulator): finished");
 }
 
+/// The last batch of a live run is drawn: a threaded experiment sends its last entries and its
+/// end together, taken in by the frame that stops following the run, and the timeline then
+/// still spans the whole run, its last mark included; the cursor goes to the run's peak, where
+/// a file of the run opens.
+#[test]
+fn a_finished_live_run_is_drawn_whole_at_its_peak() {
+    // What a run sends, recorded first, then sent in two parts: all but its last entries while
+    // the window draws it, then the last entries, marks and its end at once.
+    let (sender, mut recorded) = live::channel();
+    let experiment = SimExperiment { ops_per_tick: 4, ..SimExperiment::training(3) };
+    let mut runner = SimRunner::new(&experiment, sender).expect("simulator");
+    while runner.tick() {}
+    drop(runner);
+    let (events, _) = recorded.poll();
+    let last_entries = events.iter().rposition(|e| matches!(e, live::LiveEvent::Entries(_))).expect("entries");
+    assert!(matches!(events.last(), Some(live::LiveEvent::Finished(_))), "the run finished");
+    let (sender, run) = live::channel();
+    let mut app = ViewerApp::new();
+    app.add_live(run);
+    let mut harness = harness(app, SIZE, 1.0, true);
+    for event in &events[..last_entries] {
+        sender.send(event.clone());
+    }
+    harness.run_steps(4);
+    let running_end = harness.state().tabs[0].run.end();
+    assert!(harness.state().tabs[0].live.is_some() && running_end > 0, "the run is drawn while it runs");
+    for event in &events[last_entries..] {
+        sender.send(event.clone());
+    }
+    drop(sender);
+    harness.run_steps(4);
+    let tab = &harness.state().tabs[0];
+    assert!(tab.live.is_none(), "the run ended");
+    assert!(tab.run.end() > running_end, "the last batch came with the end");
+    let (_, left, right) = tab.timeline.plot_area.expect("the timeline was drawn");
+    let end = tab.run.end() as f64;
+    assert!(left <= 0.0 && right >= end, "the plot shows entries {left}..{right} of 0..{end}");
+    let last_mark = tab.run.marks.last().expect("the run has marks");
+    assert!(right >= last_mark.trace_index as f64, "the last mark ({}) is in view", last_mark.label);
+    assert_eq!(tab.cursor, cachalot_viewer::tabs::peak_cursor(&tab.run), "the cursor is at the peak");
+    assert!(tab.cursor < tab.run.end(), "the training loop frees its memory before it ends");
+}
+
 #[test]
 fn the_run_experiment_dialog_starts_a_live_run() {
     let app = ViewerApp::new().with_experiments(live::default_experiments());

@@ -50,7 +50,7 @@ try {
       const result = await page.evaluate(
         (url) =>
           new Promise((done, fail) => {
-            // Whether the page had warmed its code (web_warm.rs) in the wait before this open.
+            // Whether the page had warmed its code (viewer/src/web/warm.rs) in the wait before this open.
             const warmed = performance.getEntriesByName("cachalot warmed up").length > 0;
             performance.clearMarks();
             const frames = [];

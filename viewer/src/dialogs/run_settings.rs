@@ -16,7 +16,7 @@ use cachalot_runtime::experiments::{Loss, OpsParams, Optimizer};
 use cachalot_runtime::{Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, SimProfile, SweepParams};
 use cachalot_trace::ops::OpFile;
 
-use crate::live::runtime::{BACKENDS, RuntimeExperiment};
+use crate::live::device_runs::{BACKENDS, RuntimeExperiment};
 use crate::style;
 
 /// The experiments of `cachalot run`.

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 
 use cachalot_runtime::Selection;
 
-use crate::live::runtime::{LiveSink, RuntimeExperiment};
+use crate::live::device_runs::{LiveSink, RuntimeExperiment};
 use crate::live::{Experiment as _, LiveEvent, LiveRun, channel};
 
 /// A run whose device is being opened.

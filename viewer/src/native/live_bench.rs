@@ -19,7 +19,7 @@ use cachalot_runtime::{BackendRequest, DeviceOptions, Experiment as RuntimeRun, 
 
 use crate::app::ViewerApp;
 use crate::live::channel;
-use crate::live::runtime::RuntimeExperiment;
+use crate::live::device_runs::RuntimeExperiment;
 
 /// A window's frame interval (60 frames per second).
 const FRAME: Duration = Duration::from_micros(16_667);

@@ -37,7 +37,7 @@ pub struct LiveShotsReport {
 /// and returns the app (for saving the run) with what the pictures showed. The app must have
 /// an experiment queued ([`ViewerApp::start_experiment`]) or a live run added; for a picture
 /// mid-run, one added already held there
-/// ([`crate::live::runtime::RuntimeExperiment::start_held`]), since a short run may end before
+/// ([`crate::live::device_runs::RuntimeExperiment::start_held`]), since a short run may end before
 /// its first frame.
 pub fn live_screenshots(app: ViewerApp, shots: &LiveShots) -> Result<(ViewerApp, LiveShotsReport), String> {
     let options = &shots.options;

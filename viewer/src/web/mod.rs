@@ -1,15 +1,18 @@
 //! The browser: eframe's web runner on a canvas, offering the simulator's experiments and
 //! opening the files named in the page's address (`?open=trace.pickle&open=run.json`, fetched
 //! from the same server). The file picker and dropped files are the app's loader's. Beside the
-//! viewer, [`crate::web_run`]'s window runs the experiments of `cachalot run` on the
+//! viewer, [`run`]'s window runs the experiments of `cachalot run` on the
 //! visitor's GPU through WebGPU.
+
+pub mod run;
+mod warm;
 
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 
 use crate::app::ViewerApp;
 use crate::live::default_experiments;
-use crate::web_run::WebRuns;
+use run::WebRuns;
 
 /// The page's app: the viewer and the WebGPU runs' window over it.
 struct WebApp {
@@ -37,6 +40,9 @@ impl eframe::App for WebApp {
                 let painted = Closure::once_into_js(|| crate::loading::mark("cachalot timeline painted"));
                 window.queue_microtask(painted.unchecked_ref());
             }
+        }
+        if self.viewer.host_button_clicked() {
+            self.runs.show_window();
         }
         if let Some(run) = self.runs.window(ui.ctx()) {
             self.viewer.add_live(run);
@@ -100,7 +106,7 @@ impl WebHandle {
     pub async fn start(&self, canvas: web_sys::HtmlCanvasElement) -> Result<(), JsValue> {
         let mut options = eframe::WebOptions::default();
         // The page draws with WebGL2 where the browser has it (every desktop browser), leaving
-        // WebGPU to the experiments' compute (`web_run`): the same pictures, and headless
+        // WebGPU to the experiments' compute (`web::run`): the same pictures, and headless
         // Chromium (the test) captures a WebGL canvas in screenshots, where a WebGPU one comes
         // out blank. Without WebGL2 (headless Firefox on a machine with no GPU) wgpu picks.
         if has_webgl2()
@@ -114,13 +120,15 @@ impl WebHandle {
                 options,
                 Box::new(|cc| {
                     ViewerApp::setup(&cc.egui_ctx);
-                    let viewer = ViewerApp::new().with_experiments(default_experiments());
+                    let viewer = ViewerApp::new()
+                        .with_experiments(default_experiments())
+                        .with_host_button("Run on this GPU (WebGPU)…");
                     for url in requested_files() {
                         viewer.fetch(url, cc.egui_ctx.clone());
                     }
                     let runs = WebRuns::default();
                     runs.request_adapter(&cc.egui_ctx);
-                    wasm_bindgen_futures::spawn_local(crate::web_warm::warm_up());
+                    wasm_bindgen_futures::spawn_local(warm::warm_up());
                     Ok(Box::new(WebApp { viewer, runs, ctx: cc.egui_ctx.clone() }))
                 }),
             )
@@ -167,7 +175,17 @@ impl WebHandle {
         let Some(progress) = app.runs.current() else { return Ok(None) };
         let progress = progress.borrow();
         let Some(result) = progress.result.as_ref() else { return Ok(None) };
-        crate::web_run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+        run::torch_pickle(result).map(Some).map_err(|e| JsValue::from_str(&e))
+    }
+
+    /// Shows the "Run on this GPU (WebGPU)" window, as the button of the page's top bar does
+    /// (`gpu_status().window_open` says whether it is shown).
+    #[wasm_bindgen]
+    pub fn show_gpu_window(&self) -> Result<(), JsValue> {
+        let mut app = self.app()?;
+        app.runs.show_window();
+        app.ctx.request_repaint();
+        Ok(())
     }
 
     /// Asks the current WebGPU run to stop, as the window's Stop button does.
@@ -192,10 +210,10 @@ impl WebHandle {
         let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_owned);
         if let Some(name) = text("experiment") {
             s.kind = match name.as_str() {
-                "seeds" => crate::web_run::Kind::Seeds,
-                "mlp-train" => crate::web_run::Kind::MlpTrain,
-                "matmul-sweep" => crate::web_run::Kind::MatmulSweep,
-                "ops" => crate::web_run::Kind::Ops,
+                "seeds" => run::Kind::Seeds,
+                "mlp-train" => run::Kind::MlpTrain,
+                "matmul-sweep" => run::Kind::MatmulSweep,
+                "ops" => run::Kind::Ops,
                 other => return Err(JsValue::from_str(&format!("unknown experiment '{other}'"))),
             };
         }

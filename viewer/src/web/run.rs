@@ -189,6 +189,8 @@ impl Settings {
 pub struct Progress {
     /// The run's name.
     pub name: String,
+    /// What it runs on, in the words its errors use (the adapter, or the simulator).
+    pub device: String,
     /// Marks recorded so far.
     pub marks: usize,
     /// Trace entries recorded so far.
@@ -272,7 +274,11 @@ pub struct WebRuns {
     /// [`WebRuns::collect_device_errors`]).
     listening: Arc<AtomicBool>,
     uploads: Inbox,
+    /// Whether the window is shown: only when asked for (the page's "Run on this GPU" button),
+    /// until closed or a run starts or ends, so that it covers nothing the page shows.
     open: bool,
+    /// Whether a run was going at the last frame (its end closes the window).
+    was_running: bool,
 }
 
 impl Default for WebRuns {
@@ -285,7 +291,8 @@ impl Default for WebRuns {
             gpu_errors: Vec::new(),
             listening: Arc::default(),
             uploads: Inbox::default(),
-            open: true,
+            open: false,
+            was_running: false,
         }
     }
 }
@@ -329,8 +336,35 @@ async fn request_context() -> Result<(Arc<WgpuContext>, String), String> {
     })?;
     let config = WgpuConfig { capacity: DEFAULT_BUDGET_MIB << 20, ..WgpuConfig::default() };
     let context = WgpuContext::new(&adapter, config).await.map_err(|e| e.to_string())?;
-    let description = describe_wgpu(&context, context.config().capacity);
+    let mut description = describe_wgpu(&context, context.config().capacity);
+    if context.adapter_info().name.trim().is_empty() {
+        // wgpu names a browser's adapter by `GPUAdapterInfo.description`, which browsers leave
+        // empty unless asked with a permission prompt; the rest of that info names it instead.
+        let name = browser_adapter_name().await.unwrap_or_else(|| "unnamed adapter".into());
+        description = format!("{name} {}", description.trim_start());
+    }
     Ok((context, description))
+}
+
+/// The adapter the browser offers, named by its `GPUAdapterInfo` (`vendor`, `architecture`,
+/// `device`, `description`, those it fills in: Chromium's SwiftShader is "google swiftshader"),
+/// or `None` where it fills in none. wgpu reads only `description`.
+async fn browser_adapter_name() -> Option<String> {
+    use js_sys::Reflect;
+    let gpu = Reflect::get(&web_sys::window()?.navigator(), &"gpu".into()).ok()?;
+    let request: js_sys::Function = Reflect::get(&gpu, &"requestAdapter".into()).ok()?.dyn_into().ok()?;
+    let options = js_sys::Object::new();
+    Reflect::set(&options, &"powerPreference".into(), &"high-performance".into()).ok()?;
+    let promise: js_sys::Promise = request.call1(&gpu, &options).ok()?.dyn_into().ok()?;
+    let adapter = wasm_bindgen_futures::JsFuture::from(promise).await.ok()?;
+    let info = Reflect::get(&adapter, &"info".into()).ok().filter(|i| i.is_object())?;
+    let parts: Vec<String> = ["vendor", "architecture", "device", "description"]
+        .into_iter()
+        .filter_map(|key| Reflect::get(&info, &key.into()).ok()?.as_string())
+        .map(|part| part.trim().to_owned())
+        .filter(|part| !part.is_empty())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
 }
 
 impl WebRuns {
@@ -412,15 +446,25 @@ impl WebRuns {
         let rt = Rc::new(Runtime::new(device));
         let where_ = if settings.webgpu { "WebGPU" } else { "simulator" };
         let name = format!("{} on {where_} (browser)", experiment.name());
+        let mut facts = rt.device_facts();
+        let device_label = match (&context, self.adapter()) {
+            (Some(_), Adapter::Ready(_, description)) => {
+                let adapter = description.split(" (").next().unwrap_or(&description).to_owned();
+                if facts.name.trim().is_empty() {
+                    // wgpu's name of a browser adapter is mostly empty (see `request_context`).
+                    facts.name = adapter.clone();
+                }
+                format!("WebGPU ({adapter}, a budget of {})", format_size(budget))
+            }
+            _ => format!("the simulator (wgpu profile, a budget of {})", format_size(budget)),
+        };
         let (sender, run) = live::channel();
         let sender = sender.with_repaint(ctx.clone());
-        sender.send(LiveEvent::Start {
-            name: name.clone(),
-            device: rt.device_facts(),
-            settings: settings.config.clone(),
-        });
-        let progress = Rc::new(RefCell::new(Progress { name, ..Progress::default() }));
+        sender.send(LiveEvent::Start { name: name.clone(), device: facts, settings: settings.config.clone() });
+        let progress = Rc::new(RefCell::new(Progress { name, device: device_label, ..Progress::default() }));
         self.current = Some(Rc::clone(&progress));
+        // The run shows in its tab; the window, if it was open, gives the page back to it.
+        self.open = false;
 
         let ops_text = settings.ops.map(|(_, text)| text);
         let runtime = Rc::clone(&rt);
@@ -452,7 +496,8 @@ impl WebRuns {
                     return true;
                 }
                 if let Some((result, ..)) = failed.take() {
-                    sender.send(LiveEvent::Failed(result.record.error.clone().unwrap_or_default()));
+                    let error = result.record.error.as_deref().unwrap_or_default();
+                    sender.send(LiveEvent::Failed(crate::format::error_on_device(error, &progress.device)));
                     progress.result = Some(result);
                 }
                 return false;
@@ -486,7 +531,7 @@ impl WebRuns {
                 return true;
             }
             match &result.record.error {
-                Some(error) => sender.send(LiveEvent::Failed(error.clone())),
+                Some(error) => sender.send(LiveEvent::Failed(crate::format::error_on_device(error, &progress.device))),
                 None => {
                     let mut end = result.snapshot.clone();
                     // The trace went out entry by entry; the end state is what the viewer verifies.
@@ -581,6 +626,12 @@ impl WebRuns {
                 Err(e) => self.error = Some(format!("{name}: {e}")),
             }
         }
+        let running = self.current.as_ref().is_some_and(|p| p.borrow().running());
+        if self.was_running && !running {
+            // The run ended: the page shows it, and says in its notices how it ended.
+            self.open = false;
+        }
+        self.was_running = running;
         let mut started = None;
         let mut open = self.open;
         egui::Window::new("Run on this GPU (WebGPU)")
@@ -588,19 +639,19 @@ impl WebRuns {
             .default_pos([12.0, 60.0])
             .default_width(360.0)
             .show(ctx, |ui| started = self.contents(ui, ctx));
-        self.open = open;
-        if !self.open {
-            // A way back to the window once closed.
-            egui::Area::new(egui::Id::unique("webgpu_reopen")).anchor(egui::Align2::RIGHT_BOTTOM, [-8.0, -8.0]).show(
-                ctx,
-                |ui| {
-                    if ui.button("Run on this GPU…").clicked() {
-                        self.open = true;
-                    }
-                },
-            );
-        }
+        // Closed by its button, or by a run it started (`start`).
+        self.open &= open;
         started
+    }
+
+    /// Shows the window (the page's "Run on this GPU (WebGPU)…" button).
+    pub fn show_window(&mut self) {
+        self.open = true;
+    }
+
+    /// Whether the window is shown.
+    pub fn window_open(&self) -> bool {
+        self.open
     }
 
     fn contents(&mut self, ui: &mut egui::Ui, ctx: &egui::Context) -> Option<LiveRun> {
@@ -744,7 +795,10 @@ impl WebRuns {
         };
         match &result.record.error {
             Some(error) => {
-                ui.colored_label(style::series::OOM, format!("failed: {error}"));
+                ui.colored_label(
+                    style::series::OOM,
+                    format!("failed: {}", crate::format::error_on_device(error, &progress.device)),
+                );
             }
             None => {
                 let checks = &result.record.outcome.checks;
@@ -822,6 +876,7 @@ impl WebRuns {
         });
         serde_json::json!({
             "adapter": adapter,
+            "window_open": self.open,
             "budget_mib": self.settings.budget_mib,
             "gpu_errors": self.gpu_errors,
             "run": run,

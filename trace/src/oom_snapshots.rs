@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cachalot_core::DynOomObserver;
-use cachalot_trace::Snapshot;
+
+use crate::Snapshot;
 
 /// The snapshots written so far, and the first write that failed (an observer cannot return
 /// an error: the caller asks afterwards, [`OomSnapshots::first_error`]). Each is written whole
@@ -54,7 +55,7 @@ impl OomSnapshots {
                 "{} at out-of-memory error {n} ({} B requested, {} B free of {})",
                 snapshots.what, event.requested, event.device_free, event.device_total
             );
-            match cachalot_trace::output::write_atomic(&target, &Snapshot::capture(allocator, label).to_json()) {
+            match crate::output::write_atomic(&target, &Snapshot::capture(allocator, label).to_json()) {
                 Ok(()) => {
                     snapshots.written.store(n, Ordering::Relaxed);
                 }

@@ -15,7 +15,7 @@ use crate::app::ViewerApp;
 use crate::load::{Progress, load_bytes};
 
 /// The trace opened: a real PyTorch 2.11 snapshot pickle, small enough to build in.
-const TRACE: &[u8] = include_bytes!("../../testdata/traces/pytorch-2.11-h200/convnet_train.pickle");
+const TRACE: &[u8] = include_bytes!("../../../testdata/traces/pytorch-2.11-h200/convnet_train.pickle");
 
 /// At most this many rounds, whatever the times say.
 const MAX_ROUNDS: usize = 12;
@@ -28,7 +28,7 @@ const START_DELAY_MS: i32 = 300;
 /// `cachalot warmed up` performance mark when done, or nothing if the trace could not be read
 /// (it is built in, so that would be a defect, logged).
 pub async fn warm_up() {
-    crate::web_run::sleep_ms(START_DELAY_MS).await;
+    super::run::sleep_ms(START_DELAY_MS).await;
     let mut best = f64::INFINITY;
     for round in 0..MAX_ROUNDS {
         let started = now_ms();
@@ -44,7 +44,7 @@ pub async fn warm_up() {
         }
         best = best.min(took);
         // Let the page draw and take input between rounds.
-        crate::web_run::sleep_ms(0).await;
+        super::run::sleep_ms(0).await;
     }
     crate::loading::mark("cachalot warmed up");
 }

@@ -16,13 +16,13 @@
 //!
 //! [`SimExperiment`] is a built-in source that runs scripted workloads through the real
 //! allocator on the simulator, so live runs work (and are tested) without a GPU. Natively,
-//! [`runtime::RuntimeExperiment`] runs any experiment of `cachalot run` on any backend, watched
+//! [`device_runs::RuntimeExperiment`] runs any experiment of `cachalot run` on any backend, watched
 //! through `cachalot_runtime::stream`. [`save`] turns a finished run back into a file: a
 //! cachalot snapshot or a PyTorch snapshot pickle.
 
-pub mod ingest;
 #[cfg(not(target_arch = "wasm32"))]
-pub mod runtime;
+pub mod device_runs;
+pub mod ingest;
 pub mod save;
 
 use std::sync::Arc;
