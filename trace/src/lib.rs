@@ -21,7 +21,8 @@
 //! - [`input`]: an input file read whole within the size limit every reader applies
 //!   (`CACHALOT_MAX_INPUT_BYTES`).
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
-//!   trace under candidate settings in parallel (`cachalot tune`).
+//!   trace under candidate settings in parallel (`cachalot tune`), and the same job under
+//!   cachalot's own policy beside them.
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};
