@@ -53,7 +53,13 @@ enum Command {
     },
     /// Replay PyTorch traces on the simulator; --check compares with what PyTorch recorded.
     Replay(replay::ReplayArgs),
-    /// Find the PYTORCH_CUDA_ALLOC_CONF a PyTorch trace needs: replays it under candidate settings, ranked
+    /// Find the PYTORCH_CUDA_ALLOC_CONF a PyTorch trace needs (candidate settings replayed, ranked) and what policy:cachalot saves
+    ///
+    /// Each candidate is an exact replay of the trace, so its peak is the one PyTorch would reach
+    /// with that setting. cachalot's own policy (policy:cachalot: not a PyTorch setting, it needs
+    /// cachalot as the allocator) is replayed beside them, never ranked among them: its peak
+    /// reserved against the trace's settings and PyTorch's best, its device calls, and how
+    /// memory_allocated() reads under it.
     Tune(tune::TuneArgs),
     /// Why a recorded job ran out of memory: the causes at the failing request and the fix, proven by replay.
     Explain(explain::ExplainArgs),

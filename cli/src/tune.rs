@@ -1,6 +1,7 @@
-//! `cachalot tune TRACE... [--device-total BYTES] [--objective O] [--json] [--top N]`: which
-//! `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs. The search and its replays are
-//! `cachalot_trace::tune`; this module reads the traces and prints a table per trace.
+//! `cachalot tune TRACE... [--device-total BYTES] [--objective O] [--json] [--top N]
+//! [--no-own-policy]`: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, and what cachalot's
+//! own policy would save on it. The search and its replays are `cachalot_trace::tune`; this
+//! module reads the traces and prints a table per trace.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -8,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, anyhow};
 use cachalot_core::error::{format_size, group_digits};
 use cachalot_trace::replay::{ReplayOom, ReplayOptions};
-use cachalot_trace::tune::{Candidate, Objective, Tuning, tune};
+use cachalot_trace::tune::{Candidate, OWN_POLICY_ALLOCATED, Objective, Tuning, tune, tune_pytorch_settings};
 
 use crate::failure::{Failure, Outcome};
 use crate::input::{Input, load};
@@ -38,12 +39,15 @@ pub struct TuneArgs {
     /// Rows of the ranking shown.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub top: u64,
-    /// Also replay the trace's settings under cachalot's own policy (`policy:cachalot`, not a
-    /// PyTorch setting: it needs cachalot as the allocator) and set it beside PyTorch's best.
-    /// Settings that already select it get this without the flag; their `policy` entry is left
-    /// out of the PyTorch candidates.
-    #[arg(long)]
+    /// Replay the trace's settings under cachalot's own policy too (`policy:cachalot`, not a
+    /// PyTorch setting: it needs cachalot as the allocator) and say what it saves against the
+    /// trace's settings and PyTorch's best. The default; the flag is still accepted.
+    #[arg(long, overrides_with = "no_own_policy")]
     pub own_policy: bool,
+    /// Rank PyTorch's settings only, without the replay under cachalot's own policy. A
+    /// `policy` entry of the trace's settings is left out of the candidates either way.
+    #[arg(long, overrides_with = "own_policy")]
+    pub no_own_policy: bool,
 }
 
 fn parse_objective(text: &str) -> Result<Objective, String> {
@@ -102,13 +106,8 @@ fn tune_file(args: &TuneArgs, path: &Path) -> Result<Tuning, Failure> {
         options.device_total = total;
     }
     let failure = |e| Failure::input(anyhow!("{}: {e}", path.display()));
-    let tuning = tune(&snapshot, &options, args.objective).map_err(failure)?;
-    // Settings that select cachalot's policy already have it replayed beside the ranking.
-    if args.own_policy && tuning.own_policy.is_none() {
-        tuning.with_own_policy(&snapshot, &options).map_err(failure)
-    } else {
-        Ok(tuning)
-    }
+    let search = if args.no_own_policy { tune_pytorch_settings } else { tune };
+    search(&snapshot, &options, args.objective).map_err(failure)
 }
 
 /// A setting as the table shows it: the empty one is PyTorch's defaults.
@@ -186,30 +185,54 @@ fn print_table(args: &TuneArgs, path: &Path, tuning: &Tuning, seconds: f64) {
         }
     }
     if let Some(own) = &tuning.own_policy {
-        print_own_policy(own, tuning.winner());
+        println!();
+        print_own_policy(own, tuning);
+    }
+    if let Some(error) = &tuning.own_policy_error {
+        println!();
+        println!("cachalot's own policy (policy:cachalot) could not replay this trace: {error}");
     }
 }
 
-/// cachalot's own policy beside PyTorch's best setting.
-fn print_own_policy(own: &Candidate, best: &Candidate) {
-    println!("cachalot's own policy (not a PyTorch setting: it needs cachalot as the allocator): {}", own.settings);
-    let (saving, percent) = saving(best.peak_reserved, own.peak_reserved);
+/// cachalot's own policy beside the trace's own settings and PyTorch's best setting.
+fn print_own_policy(own: &Candidate, tuning: &Tuning) {
+    let (baseline, best) = (&tuning.baseline, tuning.winner());
     println!(
-        "  peak reserved {} B ({:.2}x peak allocated) instead of PyTorch's best {} B: {} {} B ({percent:.1}%)",
+        "cachalot's own policy, {} (not a PyTorch setting: it needs cachalot as the allocator, \
+         cachalot_torch.enable(config=\"{}\"))",
+        own.settings, own.settings
+    );
+    let against_best = if best.settings == baseline.settings {
+        String::new()
+    } else {
+        format!(", {} against PyTorch's best", change(best.peak_reserved, own.peak_reserved))
+    };
+    println!(
+        "  peak reserved {} B ({:.2}x peak allocated): {} against the trace's own settings{against_best}",
         group_digits(own.peak_reserved),
         own.reserved_per_allocated(),
-        group_digits(best.peak_reserved),
-        if saving >= 0 { "saves" } else { "costs" },
-        group_digits(saving.unsigned_abs()),
+        change(baseline.peak_reserved, own.peak_reserved),
     );
     println!(
-        "  OOMs: {} ({} where the recorded run had none); device allocations and frees: {} instead of {}",
+        "  OOMs: {} ({} where the recorded run had none); device allocations and frees: {}, against {} with the \
+         trace's own settings and {} with PyTorch's best",
         own.ooms,
         own.new_ooms,
         own.device_calls(),
+        baseline.device_calls(),
         best.device_calls()
     );
-    if own.device_calls() > best.device_calls() {
+    let peaks = if own.peak_allocated == baseline.peak_allocated {
+        format!("the peaks allocated agree on this trace, {} B", group_digits(own.peak_allocated))
+    } else {
+        format!(
+            "peak allocated {} B, against {} B under PyTorch's policy with the trace's own settings",
+            group_digits(own.peak_allocated),
+            group_digits(baseline.peak_allocated)
+        )
+    };
+    println!("  {OWN_POLICY_ALLOCATED} ({peaks})");
+    if own.device_calls() > best.device_calls().min(baseline.device_calls()) {
         // What the extra calls mean on a GPU, where each is driver work per page moved.
         println!(
             "  on a GPU each map or unmap costs driver calls per 2 MiB page (about 57 us a page on an H100): \
@@ -277,6 +300,13 @@ fn fraction_of(settings: &str) -> Option<(&str, f64)> {
     })
 }
 
+/// "saves N B (P%)" or "costs N B (P%)" going from `before` to `after` bytes.
+fn change(before: u64, after: u64) -> String {
+    let (saving, percent) = saving(before, after);
+    let verb = if saving >= 0 { "saves" } else { "costs" };
+    format!("{verb} {} B ({:.1}%)", group_digits(saving.unsigned_abs()), percent.abs())
+}
+
 /// Bytes saved (negative: added) going from `before` to `after`, and that in percent of `before`.
 fn saving(before: u64, after: u64) -> (i64, f64) {
     let saved = i64::try_from(before).unwrap_or(i64::MAX) - i64::try_from(after).unwrap_or(i64::MAX);
@@ -322,7 +352,7 @@ fn json(args: &TuneArgs, path: &Path, tuning: &Tuning) -> serde_json::Value {
         value
     };
     let winner = tuning.winner();
-    let (saving, percent) = saving(tuning.baseline.peak_reserved, winner.peak_reserved);
+    let (saved, percent) = saving(tuning.baseline.peak_reserved, winner.peak_reserved);
     serde_json::json!({
         "trace": path.display().to_string(),
         "objective": tuning.objective.name(),
@@ -332,16 +362,25 @@ fn json(args: &TuneArgs, path: &Path, tuning: &Tuning) -> serde_json::Value {
         "baseline": candidate(&tuning.baseline, tuning.baseline_rank()),
         "winner": candidate(winner, 1),
         "winner_line": paste_line(&winner.settings),
-        "peak_reserved_saving": { "bytes": saving, "percent": percent },
+        "peak_reserved_saving": { "bytes": saved, "percent": percent },
         "best_fitting": tuning.best_fitting().map(|c| c.settings.clone()),
         "dropped": tuning.dropped,
         "own_policy": tuning.own_policy.as_ref().map(|c| {
             let mut value = candidate(c, 0);
             if let Some(object) = value.as_object_mut() {
+                let against = |before: &Candidate| {
+                    let (bytes, percent) = saving(before.peak_reserved, c.peak_reserved);
+                    serde_json::json!({ "bytes": bytes, "percent": percent })
+                };
                 object.remove("rank");
                 object.insert("pytorch_setting".into(), false.into());
+                object.insert("device_calls".into(), c.device_calls().into());
+                object.insert("peak_reserved_saving".into(), against(&tuning.baseline));
+                object.insert("peak_reserved_saving_against_winner".into(), against(winner));
+                object.insert("memory_allocated".into(), OWN_POLICY_ALLOCATED.into());
             }
             value
         }),
+        "own_policy_error": tuning.own_policy_error,
     })
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use cachalot_core::error::group_digits;
 use common::{cachalot, text, trace};
 use serde_json::Value;
 
@@ -126,10 +127,21 @@ fn an_impossible_device_total_is_an_error() {
 #[test]
 fn own_policy_is_set_beside_the_ranking_not_in_it() {
     let multistream = trace("multistream");
-    let tuning = tune_json(&["--own-policy", &multistream]);
+    let tuning = tune_json(&[&multistream]);
     let own = &tuning["own_policy"];
     assert_eq!(own["settings"], "policy:cachalot", "{own}");
     assert_eq!(own["pytorch_setting"], false);
+    assert!(own["memory_allocated"].as_str().unwrap().starts_with("memory_allocated() differs"), "{own}");
+    // What it saves, against the trace's own settings and against PyTorch's best.
+    let peak = |c: &Value| c["peak_reserved"].as_i64().unwrap();
+    for (field, against) in
+        [("peak_reserved_saving", &tuning["baseline"]), ("peak_reserved_saving_against_winner", &tuning["winner"])]
+    {
+        let saving = &own[field];
+        assert_eq!(saving["bytes"].as_i64(), Some(peak(against) - peak(own)), "{field}: {own}");
+        let percent = (peak(against) - peak(own)) as f64 * 100.0 / peak(against) as f64;
+        assert!((saving["percent"].as_f64().unwrap() - percent).abs() < 1e-9, "{field}: {own}");
+    }
     let ranked = tuning["ranked"].as_array().unwrap();
     assert!(ranked.iter().all(|c| !c["settings"].as_str().unwrap().contains("policy")), "{tuning}");
     let (peak, ooms) = stats_peak_and_ooms(&multistream, &["--config", "policy:cachalot"]);
@@ -137,14 +149,37 @@ fn own_policy_is_set_beside_the_ranking_not_in_it() {
     assert_eq!(own["ooms"].as_u64(), Some(ooms));
     assert!(peak < tuning["winner"]["peak_reserved"].as_u64().unwrap(), "{tuning}");
 
-    let out = cachalot(&["tune", "--own-policy", "--top", "1", &multistream]);
+    let out = cachalot(&["tune", "--top", "1", &multistream]);
     let table = text(&out.stdout);
-    assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+    assert!(table.contains("cachalot's own policy, policy:cachalot (not a PyTorch setting"), "{table}");
+    let saved = |field: &str| {
+        let (bytes, percent) = (own[field]["bytes"].as_u64().unwrap(), own[field]["percent"].as_f64().unwrap());
+        format!("saves {} B ({percent:.1}%)", group_digits(bytes))
+    };
+    let expected = format!(
+        "  peak reserved {} B ({:.2}x peak allocated): {} against the trace's own settings, {} against PyTorch's best\n",
+        group_digits(peak),
+        own["reserved_per_allocated"].as_f64().unwrap(),
+        saved("peak_reserved_saving"),
+        saved("peak_reserved_saving_against_winner"),
+    );
+    assert!(table.contains(&expected), "{expected}{table}");
+    assert!(table.contains("  memory_allocated() differs from PyTorch's under it: remainders of 512 B"), "{table}");
     // It makes more device calls than PyTorch's best here, and says what they cost on a GPU.
     let calls = |c: &Value| c["device_allocs"].as_u64().unwrap() + c["device_frees"].as_u64().unwrap();
     assert!(calls(own) > calls(&tuning["winner"]), "{tuning}");
     assert!(table.contains("on a GPU each map or unmap costs driver calls per 2 MiB page"), "{table}");
-    assert!(tune_json(&[&multistream]).get("own_policy").is_none_or(Value::is_null));
+
+    // The flag of before is the default; --no-own-policy ranks PyTorch's settings alone.
+    assert_eq!(tune_json(&["--own-policy", &multistream])["own_policy"]["peak_reserved"], own["peak_reserved"]);
+    let pytorch_only = tune_json(&["--no-own-policy", &multistream]);
+    assert!(pytorch_only["own_policy"].is_null(), "{pytorch_only}");
+    let settings =
+        |t: &Value| t["ranked"].as_array().unwrap().iter().map(|c| c["settings"].clone()).collect::<Vec<_>>();
+    assert_eq!(settings(&pytorch_only), settings(&tuning));
+    assert!(tune_json(&["--no-own-policy", "--own-policy", &multistream])["own_policy"].is_object(), "the last wins");
+    let out = cachalot(&["tune", "--no-own-policy", "--top", "1", &multistream]);
+    assert!(!text(&out.stdout).contains("cachalot's own policy"), "{}", text(&out.stdout));
 }
 
 #[test]
@@ -174,5 +209,8 @@ fn a_policy_in_the_traces_settings_stays_out_of_the_pytorch_candidates() {
     let out = cachalot(&["tune", "--top", "1", copy]);
     let table = text(&out.stdout);
     assert!(table.contains("note: policy:cachalot left out of the trace's settings and every candidate"), "{table}");
-    assert!(table.contains("cachalot's own policy (not a PyTorch setting"), "{table}");
+    assert!(
+        table.contains("cachalot's own policy, max_split_size_mb:64,policy:cachalot (not a PyTorch setting"),
+        "{table}"
+    );
 }

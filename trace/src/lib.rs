@@ -28,7 +28,8 @@
 //! - [`output`]: an output file written whole or not at all (a temporary file beside it,
 //!   renamed into place), so a failed write never leaves a truncated file.
 //! - [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a recorded job needs, found by replaying its
-//!   trace under candidate settings in parallel (`cachalot tune`).
+//!   trace under candidate settings in parallel (`cachalot tune`), and the same job under
+//!   cachalot's own policy beside them.
 //!
 //! ```
 //! use cachalot_core::{AllocatorConfig, CachingAllocator, SimBackend, StreamId};

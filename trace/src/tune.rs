@@ -11,8 +11,10 @@
 //! `per_process_memory_fraction`. Other keys of the trace's own settings are kept in every
 //! candidate, so the winning line can replace the job's setting as it is, except cachalot's own
 //! `policy` key: PyTorch refuses it, so it is dropped from the baseline and every candidate
-//! ([`Tuning::dropped`] names it) and a `policy:cachalot` of the trace's is replayed beside the
-//! ranking as [`Tuning::own_policy`] instead. Trying every
+//! ([`Tuning::dropped`] names it). cachalot's own policy is not one of PyTorch's settings, so it is
+//! never ranked: [`tune`] replays the trace's settings under it beside the search, in parallel with
+//! it, as [`Tuning::own_policy`], so that a user sees what it would save on their job beside
+//! PyTorch's best. Trying every
 //! combination of every value would be tens of thousands of replays, so the search runs in
 //! two passes, each replayed in parallel on every core (candidates are independent replays):
 //!
@@ -48,7 +50,7 @@ use rayon::prelude::*;
 
 use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay};
 use crate::snapshot::torch::TorchSnapshot;
-use cachalot_core::config::{AllocatorConfig, ConfigError, Policy};
+use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
 use cachalot_core::trace::TraceAction;
 
@@ -183,10 +185,15 @@ pub struct Tuning {
     /// Every candidate, the baseline included, best first; ties keep the order of the search
     /// (the baseline first). All are settings PyTorch accepts.
     pub ranked: Vec<Candidate>,
-    /// The trace's own settings under cachalot's own policy (`policy:cachalot`), when asked for
-    /// with [`Tuning::with_own_policy`]: not a setting PyTorch accepts, so never in `ranked`.
+    /// The trace's own settings under cachalot's own policy (`policy:cachalot`): not a setting
+    /// PyTorch accepts, so never in `ranked`. [`tune`] and [`Tuning::with_own_policy`] set it,
+    /// unless its replay failed ([`Tuning::own_policy_error`]); [`tune_pytorch_settings`] does not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub own_policy: Option<Candidate>,
+    /// Why the replay under cachalot's own policy failed, when [`tune`] tried it and it did: the
+    /// ranking of PyTorch's settings stands without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_policy_error: Option<String>,
 }
 
 impl Tuning {
@@ -207,16 +214,24 @@ impl Tuning {
 
     /// Adds the replay of the trace's own settings under cachalot's own policy
     /// ([`OWN_POLICY`]), one more replay, to set beside PyTorch's best: what the job would need
-    /// with cachalot as its allocator.
+    /// with cachalot as its allocator. [`tune`] does this already, alongside its search; this is
+    /// for a search of [`tune_pytorch_settings`].
     pub fn with_own_policy(mut self, snapshot: &TorchSnapshot, options: &ReplayOptions) -> Result<Self, TuneError> {
         let settings = own_policy_settings(options.config.settings());
         self.own_policy = Some(measure(snapshot, options, &settings)?);
+        self.own_policy_error = None;
         Ok(self)
     }
 }
 
 /// The key and value that select cachalot's own policy (`docs/allocator-rules.md` §24).
 pub const OWN_POLICY: &str = "policy:cachalot";
+
+/// How `memory_allocated()` reads under cachalot's own policy, for whoever sets its figures
+/// beside PyTorch's (rules 1–2 of `docs/allocator-rules.md` §24).
+pub const OWN_POLICY_ALLOCATED: &str = "memory_allocated() differs from PyTorch's under it: remainders \
+     of 512 B or more are split off, so an allocation counts its request rounded up to 512 B, not \
+     the block PyTorch's rounding and splitting give it";
 
 /// cachalot's own key, which PyTorch refuses ("Unrecognized key 'policy' in CUDA allocator
 /// config.").
@@ -267,12 +282,35 @@ pub enum TuneError {
 }
 
 /// Replays `snapshot` under its own settings (`options`) and under the candidates of the search,
-/// and ranks them by `objective`. `options.device_total` is the device replayed on. Settings
-/// that select cachalot's own policy are searched as PyTorch's settings (the `policy` entry
-/// dropped) and also replayed as they are, in [`Tuning::own_policy`].
+/// ranks them by `objective`, and replays the trace's settings under cachalot's own policy
+/// beside them ([`Tuning::own_policy`], [`own_policy_settings`]), in parallel with the search.
+/// `options.device_total` is the device replayed on. Settings that select cachalot's own policy
+/// are searched as PyTorch's settings (the `policy` entry dropped).
+///
+/// A trace that cannot be replayed at all is an error; one that replays under PyTorch's policy
+/// but not under cachalot's still gets its ranking, with [`Tuning::own_policy_error`] saying why.
 pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Objective) -> Result<Tuning, TuneError> {
+    let own_settings = own_policy_settings(options.config.settings());
+    let (tuning, own) = rayon::join(
+        || tune_pytorch_settings(snapshot, options, objective),
+        || measure(snapshot, options, &own_settings),
+    );
+    let mut tuning = tuning?;
+    match own {
+        Ok(own) => tuning.own_policy = Some(own),
+        Err(error) => tuning.own_policy_error = Some(error.to_string()),
+    }
+    Ok(tuning)
+}
+
+/// [`tune`] without cachalot's own policy: the search of PyTorch's settings alone, one replay
+/// fewer ([`Tuning::own_policy`] stays `None`).
+pub fn tune_pytorch_settings(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    objective: Objective,
+) -> Result<Tuning, TuneError> {
     let (pytorch_settings, dropped) = split_own_keys(options.config.settings());
-    let own_policy_asked = options.config.policy() == Policy::Cachalot;
     let pytorch_options;
     let options = if dropped.is_empty() {
         options
@@ -298,8 +336,15 @@ pub fn tune(snapshot: &TorchSnapshot, options: &ReplayOptions, objective: Object
     ranked.extend(single_results.into_iter().flatten());
     ranked.extend(combination_results.into_iter().flatten());
     rank(&mut ranked, objective);
-    let tuning = Tuning { objective, device_total: options.device_total, baseline, dropped, ranked, own_policy: None };
-    if own_policy_asked { tuning.with_own_policy(snapshot, options) } else { Ok(tuning) }
+    Ok(Tuning {
+        objective,
+        device_total: options.device_total,
+        baseline,
+        dropped,
+        ranked,
+        own_policy: None,
+        own_policy_error: None,
+    })
 }
 
 /// Sorts best first; the sort is stable, so ties keep the search's order.

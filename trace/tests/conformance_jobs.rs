@@ -17,8 +17,7 @@ mod common;
 #[test]
 fn every_job_of_the_proof_set_matches_pytorch() {
     let traces = common::pickles_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/jobs"));
-    let names: Vec<String> =
-        traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> = traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     for job in ["amp_gpt", "checkpointing", "cudnn_autotune", "mempool", "moe", "ragged_server", "fsdp2_world1"] {
         assert!(names.iter().any(|n| n == job), "testdata/conformance/jobs holds {job}: {names:?}");
     }

@@ -7,7 +7,7 @@
 
 use cachalot_trace::ops::OpFile;
 use cachalot_trace::replay::{ReplayOptions, replay};
-use cachalot_trace::tune::{Objective, own_policy_settings, tune};
+use cachalot_trace::tune::{Candidate, OWN_POLICY, Objective, own_policy_settings, tune, tune_pytorch_settings};
 
 mod common;
 use common::{load, reference_traces as traces};
@@ -31,6 +31,27 @@ fn bench_op_files() -> Vec<(String, OpFile)> {
         .collect()
 }
 
+/// `tune` replays cachalot's own policy beside the search without changing the search;
+/// `tune_pytorch_settings` is the search alone, and `with_own_policy` adds the same replay.
+#[test]
+fn tune_sets_the_own_policy_beside_the_search_of_pytorch_s_settings() {
+    let path = traces().into_iter().find(|p| p.ends_with("multistream.pickle")).unwrap();
+    let (snapshot, expected) = load(&path);
+    let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+    let both = tune(&snapshot, &options, Objective::PeakReserved).unwrap();
+    let alone = tune_pytorch_settings(&snapshot, &options, Objective::PeakReserved).unwrap();
+    assert!(alone.own_policy.is_none() && alone.own_policy_error.is_none());
+    let outcome = |c: &Candidate| (c.settings.clone(), c.peak_reserved, c.peak_allocated, c.ooms, c.device_calls());
+    assert_eq!(
+        both.ranked.iter().map(outcome).collect::<Vec<_>>(),
+        alone.ranked.iter().map(outcome).collect::<Vec<_>>()
+    );
+    let own = both.own_policy.as_ref().unwrap_or_else(|| panic!("{:?}", both.own_policy_error));
+    assert_eq!(own.settings, OWN_POLICY);
+    let added = alone.with_own_policy(&snapshot, &options).unwrap().own_policy.unwrap();
+    assert_eq!(outcome(own), outcome(&added));
+}
+
 #[test]
 fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
     for path in traces() {
@@ -38,9 +59,8 @@ fn fragments_less_than_pytorch_s_best_setting_on_every_reference_trace() {
         let (snapshot, expected) = load(&path);
         let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
 
-        let tuning =
-            tune(&snapshot, &options, Objective::PeakReserved).unwrap().with_own_policy(&snapshot, &options).unwrap();
-        let own = tuning.own_policy.clone().unwrap();
+        let tuning = tune(&snapshot, &options, Objective::PeakReserved).unwrap();
+        let own = tuning.own_policy.clone().unwrap_or_else(|| panic!("{name}: {:?}", tuning.own_policy_error));
         let best = tuning.winner();
         // The figures behind BENCHMARKS.md §3, shown with `--nocapture`.
         println!(
