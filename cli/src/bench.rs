@@ -70,7 +70,8 @@ fn standard_workloads() -> anyhow::Result<Vec<PathBuf>> {
 /// Runs `cachalot bench`: the backend chosen (on stderr, with why), then one line per file.
 pub fn run(args: &BenchArgs) -> Outcome {
     let conf = AllocConf::choose(args.config.as_deref())?;
-    let config = AllocatorConfig::parse(&conf.settings).map_err(|e| anyhow!("--config '{}': {e}", cachalot_core::error::shorten(&conf.settings)))?;
+    let config = AllocatorConfig::parse(&conf.settings)
+        .map_err(|e| anyhow!("--config '{}': {e}", cachalot_core::error::shorten(&conf.settings)))?;
     // Every file is read and parsed before anything is timed, so a bad file fails at once.
     let paths = if args.files.is_empty() { standard_workloads()? } else { args.files.clone() };
     let mut files = Vec::with_capacity(paths.len());

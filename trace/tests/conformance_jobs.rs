@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 
 use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_trace::snapshot::pickle::read_snapshot;
 
 mod common;
 
@@ -18,7 +19,9 @@ mod common;
 fn every_job_of_the_proof_set_matches_pytorch() {
     let traces = common::pickles_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/jobs"));
     let names: Vec<String> = traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
-    for job in ["amp_gpt", "checkpointing", "cudnn_autotune", "mempool", "moe", "ragged_server", "fsdp2_world1"] {
+    let jobs =
+        ["amp_gpt", "checkpointing", "cudnn_autotune", "graph_step", "mempool", "moe", "ragged_server", "fsdp2_world1"];
+    for job in jobs {
         assert!(names.iter().any(|n| n == job), "testdata/conformance/jobs holds {job}: {names:?}");
     }
     for path in traces {
@@ -30,4 +33,25 @@ fn every_job_of_the_proof_set_matches_pytorch() {
             panic!("{}: {difference}", path.display());
         }
     }
+}
+
+/// A snapshot of a torch.compile job (`mode="reduce-overhead"`, inference), as PyTorch wrote it:
+/// frames in code Inductor generated carry an unknown line, written as 2^64 − 1. It reads, and
+/// the frame keeps the value PyTorch wrote (`Frame::line` holds it as −1, the same 64 bits).
+#[test]
+fn a_torch_compile_snapshot_reads_with_its_unknown_lines() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/conformance/jobs/torch-compile/compile_ro_infer.pickle");
+    let snapshot = read_snapshot(&std::fs::read(&path).unwrap()).unwrap();
+    let entries: usize = snapshot.device_traces.iter().map(Vec::len).sum();
+    assert!(entries > 0, "the job's trace is there");
+    let unknown = snapshot
+        .device_traces
+        .iter()
+        .flatten()
+        .filter_map(|e| e.context)
+        .flat_map(|c| snapshot.contexts.frames(c).iter())
+        .filter(|f| f.line as u64 == u64::MAX)
+        .count();
+    assert!(unknown > 0, "frames with PyTorch's unknown line");
 }
