@@ -66,13 +66,13 @@ impl Policy {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ConfigError {
     /// A key PyTorch 2.11 does not know (the same words PyTorch raises at CUDA init).
-    #[error("Unrecognized key '{}' in CUDA allocator config.", crate::error::shorten(key))]
+    #[error("Unrecognized key '{}' in CUDA allocator config.", crate::text::shorten(key))]
     UnknownKey {
         /// The key as written.
         key: String,
     },
     /// A key with no value after its colon.
-    #[error("allocator config: key '{}' has no value", crate::error::shorten(key))]
+    #[error("allocator config: key '{}' has no value", crate::text::shorten(key))]
     MissingValue {
         /// The key.
         key: String,
@@ -80,8 +80,8 @@ pub enum ConfigError {
     /// A value of the wrong form or outside the allowed range.
     #[error(
         "allocator config: invalid value '{}' for '{}': {reason}",
-        crate::error::shorten(value),
-        crate::error::shorten(key)
+        crate::text::shorten(value),
+        crate::text::shorten(key)
     )]
     InvalidValue {
         /// The key whose value is wrong.
@@ -92,7 +92,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// A separator missing or out of place.
-    #[error("allocator config: expected '{expected}' after '{}'", crate::error::shorten(after))]
+    #[error("allocator config: expected '{expected}' after '{}'", crate::text::shorten(after))]
     Syntax {
         /// The token that was required.
         expected: String,

@@ -39,6 +39,7 @@ pub mod sim;
 pub mod size;
 pub mod stats;
 pub mod summary;
+pub mod text;
 pub mod trace;
 mod tree;
 

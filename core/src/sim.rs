@@ -600,3 +600,74 @@ mod tests {
         sim.release_address_space(base, 200 << 20).unwrap();
     }
 }
+
+#[cfg(test)]
+mod event_layer_tests {
+    use crate::backend::*;
+    use crate::sim::SimEvent;
+    use crate::{AllocatorConfig, CachingAllocator, SimBackend};
+
+    /// A layer that keeps the events of one stream pending until told, and counts the events it
+    /// passes to the device.
+    #[derive(Default)]
+    struct HoldOne {
+        held: Option<StreamId>,
+        done: bool,
+        passed: usize,
+    }
+
+    impl EventLayer<SimBackend> for HoldOne {
+        type Event = Option<SimEvent>;
+
+        fn record_event(&mut self, device: &mut SimBackend, stream: StreamId) -> Result<Self::Event, BackendError> {
+            if self.held == Some(stream) {
+                return Ok(None);
+            }
+            self.passed += 1;
+            device.record_event(stream).map(Some)
+        }
+        fn query_event(&mut self, device: &mut SimBackend, event: &Self::Event) -> Result<bool, BackendError> {
+            match event {
+                Some(event) => device.query_event(event),
+                None => Ok(self.done),
+            }
+        }
+        fn synchronize_event(&mut self, device: &mut SimBackend, event: &Self::Event) -> Result<(), BackendError> {
+            match event {
+                Some(event) => device.synchronize_event(event),
+                None => {
+                    self.done = true;
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The layer decides the events; segments are the device's. A block used on the held
+    /// stream stays out of the cache until the layer says its work is done.
+    #[test]
+    fn a_layer_swaps_the_events_and_keeps_the_segments() {
+        let (held, other) = (StreamId(7), StreamId(8));
+        let layer = HoldOne { held: Some(held), ..HoldOne::default() };
+        let mut allocator =
+            CachingAllocator::new(WithEvents::new(SimBackend::new(1 << 30), layer), AllocatorConfig::default())
+                .unwrap();
+        let a = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        let b = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        let address = a.address();
+        allocator.record_stream(&a, held).unwrap();
+        allocator.record_stream(&b, other).unwrap();
+        allocator.free(a).unwrap();
+        allocator.free(b).unwrap();
+        assert_eq!(allocator.backend().layer().passed, 1, "only the other stream's event reached the device");
+        assert_eq!(allocator.backend().inner().used(), allocator.memory_reserved());
+        let c = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        assert_ne!(c.address(), address, "reused while the held stream's work was pending");
+        allocator.backend_mut().layer_mut().done = true;
+        let d = allocator.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+        assert_eq!(d.address(), address);
+        allocator.free(c).unwrap();
+        allocator.free(d).unwrap();
+        assert_eq!(allocator.backend().layer().passed, 1);
+    }
+}
