@@ -10,7 +10,6 @@
 
 use std::path::PathBuf;
 
-use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::pickle::read_snapshot;
 
 mod common;
@@ -25,13 +24,7 @@ fn every_job_of_the_proof_set_matches_pytorch() {
         assert!(names.iter().any(|n| n == job), "testdata/conformance/jobs holds {job}: {names:?}");
     }
     for path in traces {
-        let (snapshot, expected) = common::load(&path);
-        let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
-        let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
-        outcome.allocator.check_consistency().unwrap();
-        if let Err(difference) = verify_against_recording(&snapshot, &outcome, Some(&expected)) {
-            panic!("{}: {difference}", path.display());
-        }
+        common::assert_matches_pytorch(&path);
     }
 }
 

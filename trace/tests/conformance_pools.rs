@@ -21,13 +21,7 @@ fn every_pool_trace_matches_pytorch() {
     let traces = traces();
     assert_eq!(traces.len(), 8, "testdata/conformance/pools holds the eight captured pool traces");
     for path in traces {
-        let (snapshot, expected) = common::load(&path);
-        let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
-        let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
-        outcome.allocator.check_consistency().unwrap();
-        if let Err(difference) = verify_against_recording(&snapshot, &outcome, Some(&expected)) {
-            panic!("{}: {difference}", path.display());
-        }
+        common::assert_matches_pytorch(&path);
     }
 }
 

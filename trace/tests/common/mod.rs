@@ -39,3 +39,17 @@ pub fn load(path: &Path) -> (TorchSnapshot, ExpectedRun) {
     let expected = ExpectedRun::from_json(&std::fs::read(path.with_extension("expected.json")).unwrap()).unwrap();
     (snapshot, expected)
 }
+
+/// Replays the trace at `path` with the calls its `expected.json` lists and panics, naming the
+/// file, where anything differs from what PyTorch recorded.
+#[allow(dead_code, reason = "not every test file checks whole traces")]
+pub fn assert_matches_pytorch(path: &Path) {
+    use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+    let (snapshot, expected) = load(path);
+    let options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).unwrap();
+    let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();
+    outcome.allocator.check_consistency().unwrap();
+    if let Err(difference) = verify_against_recording(&snapshot, &outcome, Some(&expected)) {
+        panic!("{}: {difference}", path.display());
+    }
+}
