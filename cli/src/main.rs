@@ -82,7 +82,7 @@ fn main() -> ExitCode {
         die_quietly_on_closed_pipe();
         provide_runtime_dir();
     }
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|error| exit_on_bad_command_line(error));
     let outcome = match &cli.command {
         Command::Summary { source, abbreviated, device } => report::summary(source, *abbreviated, *device),
         Command::Stats { source, json } => report::stats(source, *json),
@@ -102,6 +102,22 @@ fn main() -> ExitCode {
             ExitCode::from(failure.status)
         }
     }
+}
+
+/// Reports a command line clap refused, as clap does (help and version included), but with a bad
+/// value quoted by its first bytes and its length (`cachalot_core::error::shorten`): clap quotes
+/// a value whole, and a 5 MB one would make a 5 MB error line.
+fn exit_on_bad_command_line(error: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue};
+    if let Some(ContextValue::String(value)) = error.get(ContextKind::InvalidValue) {
+        let short = cachalot_core::error::shorten(value);
+        if short.len() < value.len() {
+            let text = error.render().to_string().replace(value.as_str(), &short);
+            eprint!("{text}");
+            std::process::exit(error.exit_code());
+        }
+    }
+    error.exit()
 }
 
 /// Output written into a closed pipe (`cachalot stats --json | head`) ends the process quietly, as

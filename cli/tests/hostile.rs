@@ -265,6 +265,18 @@ fn errors_name_the_place_and_quote_short() {
         &stderr[..200.min(stderr.len())]
     );
 
+    // A value clap itself refuses (not a number) is quoted short too.
+    let long = format!("0.{}x", "5".repeat(100_000));
+    let out = cachalot(&["replay", "--memory-fraction", &long, &trace("seeds")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.len() < 600 && stderr.contains("(100,003 bytes)") && stderr.contains("--memory-fraction"),
+        "{} bytes: {}",
+        stderr.len(),
+        &stderr[..300.min(stderr.len())]
+    );
+
     // An out-of-memory error of `run ops` names the op file and its line.
     let ops = dir.write("oom.ops", "# a comment\na 0 1048576\n\na 1 1099511627776\n");
     let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
