@@ -32,12 +32,12 @@ graph's `reset()` release_pool. `probe.txt` keeps the Python sources of these ca
 PyTorch that ran, so the mapping can be checked against them.
 """
 
-import gc
 import inspect
 import json
 import pickle
 
 import one_process
+from pool_calls import PoolCalls
 
 WORKLOADS = {
     # name: PYTORCH_CUDA_ALLOC_CONF
@@ -65,54 +65,14 @@ def capture_one(name, outdir):
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.reset_accumulated_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
-    calls, marks = [], []
-
-    def mark():
-        snap = torch.cuda.memory._snapshot()
-        return len(snap["device_traces"][0])
-
-    def record(at, call, pool=None, **extra):
-        entry = {"call": call, "trace_len": at}
-        if pool is not None:
-            entry["pool"] = list(pool)
-        entry.update(extra)
-        calls.append(entry)
+    recorder = PoolCalls(torch)
+    calls, marks = recorder.calls, []
+    mark, record, empty_cache = recorder.trace_len, recorder.record, recorder.empty_cache
 
     def empty(n, device="cuda"):
         return torch.empty(int(n), dtype=torch.uint8, device=device)
 
-    class Pool:
-        """A MemPool whose creation, scopes and release are listed in `calls`."""
-
-        def __init__(self):
-            at = mark()
-            self.pool = torch.cuda.MemPool()
-            self.id = tuple(self.pool.id)
-            record(at, "create_pool", self.id)
-
-        def __enter__(self):
-            at = mark()
-            self.ctx = torch.cuda.use_mem_pool(self.pool)
-            self.ctx.__enter__()
-            record(at, "begin_allocate_to_pool", self.id)
-
-        def __exit__(self, *exc):
-            at = mark()
-            self.ctx.__exit__(*exc)
-            record(at, "end_allocate_to_pool", self.id)
-            record(at, "release_pool", self.id)
-
-        def delete(self):
-            at = mark()
-            del self.pool
-            gc.collect()
-            record(at, "release_pool", self.id)
-            record(at, "empty_cache", self.id)
-
-    def empty_cache():
-        at = mark()
-        torch.cuda.empty_cache()
-        record(at, "empty_cache")
+    Pool = recorder.pool
 
     def oom(label, e):
         marks.append({"label": label, "message": str(e), "allocated": torch.cuda.memory_allocated(),

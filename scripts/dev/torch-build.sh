@@ -14,4 +14,5 @@ rm -f "$carry"/cachalot_torch-*.whl
 (cd "$root/bindings/torch" && maturin build --release --strip -o "$carry")
 cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py,graph-probe.py,stacks.py,ddp.py,jobs.py} "$carry/"
 cp "$shared/traces/capture.py" "$carry/"
+cp "$root/scripts/conformance/pool_calls.py" "$carry/"
 du -sh "$carry"

@@ -185,56 +185,15 @@ def cudnn_autotune(steps=6):
         mark(f"step{s}")
 
 
-calls = []  # private-pool calls, which a trace does not show (trace/src/pool_calls.rs)
+# The private-pool calls, which a trace does not show (scripts/conformance/pool_calls.py; beside
+# this file where torch-build.sh copied both).
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "..", "conformance")]
+from pool_calls import PoolCalls  # noqa: E402
 
-
-def trace_len():
-    return len(torch.cuda.memory._snapshot()["device_traces"][0])
-
-
-def record(at, call, pool=None, **extra):
-    entry = {"call": call, "trace_len": at}
-    if pool is not None:
-        entry["pool"] = list(pool)
-    entry.update(extra)
-    calls.append(entry)
-
-
-class Pool:
-    """A MemPool whose creation, scopes and deletion are listed in `calls`, as
-    scripts/conformance/capture_pools.py lists them, so the replay can make them."""
-
-    def __init__(self):
-        at = trace_len()
-        self.pool = torch.cuda.MemPool()
-        self.id = tuple(self.pool.id)
-        record(at, "create_pool", self.id)
-
-    def __enter__(self):
-        at = trace_len()
-        self.scope = torch.cuda.use_mem_pool(self.pool)
-        self.scope.__enter__()
-        record(at, "begin_allocate_to_pool", self.id)
-
-    def __exit__(self, *exc):
-        at = trace_len()
-        self.scope.__exit__(*exc)
-        record(at, "end_allocate_to_pool", self.id)
-        record(at, "release_pool", self.id)
-
-    def delete(self):
-        at = trace_len()
-        del self.pool
-        import gc
-        gc.collect()
-        record(at, "release_pool", self.id)
-        record(at, "empty_cache", self.id)
-
-
-def empty_cache():
-    at = trace_len()
-    torch.cuda.empty_cache()
-    record(at, "empty_cache")
+recorder = PoolCalls(torch)
+calls, trace_len, record, empty_cache, Pool = (recorder.calls, recorder.trace_len, recorder.record,
+                                               recorder.empty_cache, recorder.pool)
 
 
 def mempool():
