@@ -1031,7 +1031,7 @@ mod tests {
     }
 
     /// The bytes of one stream's entry while it holds free blocks of one group of classes
-    /// (issue 20: at most 4 KB per idle stream, where it was about 10 KB): the entry, its
+    /// (at most 4 KB per idle stream, where it was about 10 KB): the entry, its
     /// one group of lists.
     #[test]
     fn a_stream_holding_one_free_block_costs_under_4_kb() {

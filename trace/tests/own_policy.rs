@@ -12,7 +12,7 @@ use cachalot_trace::tune::{Candidate, OWN_POLICY, Objective, own_policy_settings
 mod common;
 use common::{load, reference_traces as traces};
 
-/// The goal of issue 18: peak reserved within 15% of peak allocated.
+/// The policy's goal: peak reserved within 15% of peak allocated.
 const GOAL: f64 = 1.15;
 
 /// The op files of `testdata/bench-ops` (the bench's workloads), by name without `.ops`, in
