@@ -337,6 +337,17 @@ impl AllocatorConfig {
         self.max_non_split_rounding_size
     }
 
+    /// Whether best fit's oversize rules keep a free block of `candidate` bytes from a request
+    /// of `request` (rounded) bytes: an oversize block (`max_split_size_mb`) is not handed to a
+    /// normal request, and an oversize request takes one only within
+    /// `max_non_split_rounding_mb` of its size. Always false without `max_split_size_mb`.
+    #[inline]
+    pub fn oversize_rules_refuse(&self, request: u64, candidate: u64) -> bool {
+        let max_split = self.max_split_size;
+        (request < max_split && candidate >= max_split)
+            || (request >= max_split && candidate >= request.saturating_add(self.max_non_split_rounding_size))
+    }
+
     /// Segment size for 1–10 MiB requests and page size of large expandable segments.
     pub fn large_segment_size(&self) -> u64 {
         self.large_segment_size

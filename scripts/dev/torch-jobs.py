@@ -45,6 +45,14 @@ def mark(label):
                   "reserved": torch.cuda.memory_reserved()})
 
 
+def train_step(opt, loss, label):
+    """One optimizer step on `loss`, then a mark."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    mark(label)
+
+
 def gpt(d=256, layers=3, vocab=4000):
     emb = torch.nn.Embedding(vocab, d).cuda()
     layer = torch.nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True, norm_first=True)
@@ -82,10 +90,7 @@ def checkpointing(steps=6, L=256, B=8, d=256, layers=4):
         for block in blocks:
             x = checkpoint(block, x, use_reentrant=False)
         loss = head(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mark(f"step{s}")
+        train_step(opt, loss, f"step{s}")
 
 
 def graph_step(steps=6, B=256, d=1024):
@@ -150,10 +155,7 @@ def compile_ro_train(steps=8, B=64, d=512):
         torch.compiler.cudagraph_mark_step_begin()
         x = torch.randn(B, d, device="cuda")
         loss = compiled(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mark(f"train{s}")
+        train_step(opt, loss, f"train{s}")
 
 
 def compile_ro_infer(steps=8, B=64, d=512):
@@ -179,10 +181,7 @@ def cudnn_autotune(steps=6):
         x = torch.randn(batch, 3, 64, 64, device="cuda")
         y = torch.randint(0, 10, (batch,), device="cuda")
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mark(f"step{s}")
+        train_step(opt, loss, f"step{s}")
 
 
 # The private-pool calls, which a trace does not show (scripts/conformance/pool_calls.py; beside
@@ -256,10 +255,7 @@ def moe(steps=6, tokens=4096, d=256, experts=8):
             if rows.numel():
                 out.index_add_(0, rows, ffn[e](x[rows]) * weights[rows, slot, None])
         loss = out.square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mark(f"step{s}")
+        train_step(opt, loss, f"step{s}")
 
 
 def fsdp2_world1(steps=4, d=512):
@@ -275,10 +271,7 @@ def fsdp2_world1(steps=4, d=512):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for s in range(steps):
         loss = model(torch.randn(64, d, device="cuda")).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mark(f"step{s}")
+        train_step(opt, loss, f"step{s}")
     dist.destroy_process_group()
 
 

@@ -14,8 +14,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use cachalot_core::backend::Segments as _;
 use cachalot_core::trace::TraceAction;
 use cachalot_core::{
-    Allocation, AllocatorConfig, AllocatorError, BlockState, CachingAllocator, ContextId, Frame, PoolFilter, PoolId,
-    SimBackend, StreamId,
+    Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, PoolFilter, PoolId, SimBackend,
+    StreamId,
 };
 use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
@@ -446,15 +446,7 @@ impl Registry {
                     .map_err(|e| Failure::Error(format!("cacheInfo on device {device}: {e}")))?;
                 largest = free;
             }
-            let cached = state
-                .allocator
-                .snapshot()
-                .iter()
-                .flat_map(|segment| &segment.blocks)
-                .filter(|block| block.state == BlockState::Inactive)
-                .map(|block| block.size)
-                .max()
-                .unwrap_or(0);
+            let cached = state.allocator.largest_free_block();
             Ok(largest.max(cached))
         })?
     }

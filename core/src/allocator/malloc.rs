@@ -172,16 +172,9 @@ impl<B: Backend> CachingAllocator<B> {
                 }
             }
         }
-        let candidate = self.blocks[it].size;
-        let max_split = self.config.max_split_size_raw();
-        // Don't hand an oversize block to a normal request ...
-        if request.size < max_split && candidate >= max_split {
-            return None;
-        }
-        // ... and let an oversize request take one only within the rounding slack.
-        if request.size >= max_split
-            && candidate >= request.size.saturating_add(self.config.max_non_split_rounding_size())
-        {
+        // An oversize block is kept from a normal request, and an oversize request takes one
+        // only within the rounding slack.
+        if self.config.oversize_rules_refuse(request.size, self.blocks[it].size) {
             return None;
         }
         Some(it)

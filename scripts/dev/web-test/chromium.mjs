@@ -1,4 +1,5 @@
-// The one Chromium launch of the page's scripts (webgpu.mjs, bench.mjs, trace-open.mjs).
+// The one Chromium launch of the page's scripts (webgpu.mjs, bench.mjs, trace-open.mjs,
+// screens.mjs), and the viewer opened in it.
 //
 // Chromium's WebGPU without a GPU: headless mode (Chromium 132 on has only the new one, which
 // playwright's `headless` asks for; a "headful" launch with --headless=new gives blank
@@ -25,3 +26,24 @@ export const launchChromium = () =>
       "--disable-sync",
     ],
   });
+
+// A new page of `browser` on the viewer at `base`, once the page's adapter has answered (or
+// said there is none): the page and the console errors it logs from then on.
+export const openViewer = async (browser, base) => {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
+  const errors = [];
+  page.on("console", (m) => {
+    if (m.type() === "error") errors.push(m.text());
+  });
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await page.goto(base);
+  await page.waitForFunction(
+    () => {
+      const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
+      return s && s.adapter.state !== "pending";
+    },
+    null,
+    { timeout: 120000 },
+  );
+  return { page, errors };
+};

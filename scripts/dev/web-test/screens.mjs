@@ -14,7 +14,7 @@
 // are reported as skipped (never counted as passed).
 //
 //   node screens.mjs http://127.0.0.1:8765/ OUT_DIR
-import { launchChromium } from "./chromium.mjs";
+import { launchChromium, openViewer } from "./chromium.mjs";
 
 const [base, outDir] = process.argv.slice(2);
 if (!base || !outDir) {
@@ -64,21 +64,7 @@ const pixels = (page, png, rect, colours, background) =>
 
 const browser = await launchChromium();
 try {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
-  const errors = [];
-  page.on("console", (m) => {
-    if (m.type() === "error") errors.push(m.text());
-  });
-  page.on("pageerror", (e) => errors.push(String(e)));
-  await page.goto(base);
-  await page.waitForFunction(
-    () => {
-      const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
-      return s && s.adapter.state !== "pending";
-    },
-    null,
-    { timeout: 120000 },
-  );
+  const { page, errors } = await openViewer(browser, base);
   const status = async () => JSON.parse(await page.evaluate(() => window.cachalot.status()));
   const gpu = async () => JSON.parse(await page.evaluate(() => window.cachalot.gpu_status()));
   // A few frames after the adapter's answer, as a visitor would see the page.

@@ -19,7 +19,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { chromium, firefox } from "playwright-core";
-import { launchChromium } from "./chromium.mjs";
+import { launchChromium, openViewer } from "./chromium.mjs";
 
 const [base, refs, shot] = process.argv.slice(2);
 if (!base || !refs || !shot) {
@@ -210,21 +210,7 @@ const gpuFaults = async (page, check, run, gpu, errors) => {
 const session = async (name, browser, full) => {
   const check = (ok, message) => checkIn(ok, `${name}: ${message}`);
   try {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
-  const errors = [];
-  page.on("console", (m) => {
-    if (m.type() === "error") errors.push(m.text());
-  });
-  page.on("pageerror", (e) => errors.push(String(e)));
-  await page.goto(base);
-  await page.waitForFunction(
-    () => {
-      const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
-      return s && s.adapter.state !== "pending";
-    },
-    null,
-    { timeout: 120000 },
-  );
+  const { page, errors } = await openViewer(browser, base);
   const gpu = async () => JSON.parse(await page.evaluate(() => window.cachalot.gpu_status()));
   const adapter = (await gpu()).adapter;
   console.log(`${name}: adapter: ${JSON.stringify(adapter)}`);

@@ -147,13 +147,8 @@ fn class_of(
     if size < asked.rounded {
         return Some(Cause::TooSmall);
     }
-    if let Some(max_split) = config.max_split_size() {
-        let oversize_for_normal = asked.rounded < max_split && size >= max_split;
-        let beyond_rounding =
-            asked.rounded >= max_split && size >= asked.rounded.saturating_add(config.max_non_split_rounding_size());
-        if oversize_for_normal || beyond_rounding {
-            return Some(Cause::Oversize);
-        }
+    if config.oversize_rules_refuse(asked.rounded, size) {
+        return Some(Cause::Oversize);
     }
     None
 }

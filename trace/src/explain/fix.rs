@@ -142,7 +142,7 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
             let candidate =
                 Candidate::measured(trial.options.config.settings(), &outcome, started.elapsed().as_secs_f64());
             Ok(Measured {
-                lets_through: lets_through(&outcome, trial.entry),
+                lets_through: lets_job_through(&outcome, trial.entry),
                 change: trial.change,
                 candidate,
                 outcome_calls: outcome.empty_cache_points,
@@ -151,8 +151,9 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
         .collect()
 }
 
-/// No out-of-memory error at the request or after it, and none PyTorch's run did not raise.
-fn lets_through(outcome: &ReplayOutcome, entry: usize) -> bool {
+/// Whether the replay `outcome` of a change (from [`rehearse`]) lets the job through from the
+/// request at `entry` on: no out-of-memory error there or after, none PyTorch's run did not raise.
+pub fn lets_job_through(outcome: &ReplayOutcome, entry: usize) -> bool {
     outcome.ooms.iter().all(|oom| oom.recorded && oom.index < entry)
 }
 
@@ -271,12 +272,6 @@ pub fn rehearse(
     };
     let trial = rehearsal.trial(change.clone(), &target, &inferred)?;
     Ok(replay(trial.snapshot.as_ref().unwrap_or(&rehearsal.snapshot), &trial.options, |_, _| {})?)
-}
-
-/// Whether the replay `outcome` of a change (from [`rehearse`]) lets the job through from the
-/// request at `entry` on: no out-of-memory error there or after, none PyTorch's run did not raise.
-pub fn lets_job_through(outcome: &ReplayOutcome, entry: usize) -> bool {
-    lets_through(outcome, entry)
 }
 
 /// Searches for the fix of the request `target`, replaying `snapshot` under `options` (the
