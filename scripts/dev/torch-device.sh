@@ -5,7 +5,7 @@
 #   here:    scripts/dev/torch-build.sh            # the wheel, the scripts and capture.py into .dev-torch/
 #   device:  bash .dev-torch/torch-device.sh [PARTS]   # with carry [".dev-torch"]; results under $OUT
 #
-# PARTS (default "same features speed"): any of same, jobs, features, speed, graph, stacks, ddp,
+# PARTS (default "same features speed"): any of same, jobs, policy, policy-speed, vmm, features, speed, graph, stacks, ddp,
 # determinism (the training workloads with PyTorch's deterministic algorithms, twice on PyTorch's
 # allocator, and multistream twice: whether PyTorch repeats itself where the first part found
 # differences).
@@ -21,6 +21,11 @@
 #    rank), each on PyTorch's allocator, on cachalot, and on PyTorch's again (does PyTorch repeat
 #    itself?), compared mark by mark; PyTorch's own captures come back in $OUT/jobs-native.tar.gz
 #    for `cachalot replay --check` and `cachalot view`. JOBS picks some (default: all).
+# policy: the proof set's jobs on PyTorch's allocator under each job's settings and under the
+#    setting `cachalot tune` finds best for it, on cachalot, and on policy:cachalot: peaks and
+#    device calls (torch-policy.py table -> $OUT/policy.md). policy-speed: their step times,
+#    paired (torch-policy.py speed; after policy in the same call, which finds the best settings,
+#    or with .dev-torch/best/JOB.conf). vmm: vmm-cost.cu, the driver calls of mapping 14 GiB.
 # 2. Speed: per-step times of gpt_train and convnet_train and ns per torch.empty/del:
 #    torch-speed.py's three workers side by side (PyTorch's allocator, cachalot, PyTorch's again
 #    as the control), short blocks alternating within rounds, pinned to two cores.
@@ -47,6 +52,8 @@ python3 -c 'import cachalot_torch, torch; cachalot_torch.enable(); torch.zeros(1
 echo "first enable (builds the C++ shim): $((SECONDS - start)) s"
 
 parts=${1:-same features speed}
+all_jobs="amp_gpt checkpointing graph_step compile_ro_train compile_ro_infer cudnn_autotune mempool ragged_server moe
+    pinned_prefetch batch_search multi_gib fsdp2_world1"
 has() { [[ " $parts " == *" $1 "* ]]; }
 run() { local mode=$1 dir=$2 w=$3 seed=$4; shift 4
     env "$@" timeout 120 python3 "$here/torch-proof.py" "$mode" "$w" "$work/$dir" "$seed" 2>&1 | tail -1; }
@@ -77,13 +84,13 @@ fi
 
 if has jobs; then
 echo "== the proof set: real jobs on both allocators"
-for job in ${JOBS:-amp_gpt checkpointing graph_step compile_ro_train compile_ro_infer cudnn_autotune mempool ragged_server moe fsdp2_world1}; do
+for job in ${JOBS:-$all_jobs}; do
     # A compiled job's first run fills Inductor's caches: a run before the three, not compared.
     runs="native cachalot native2"; [[ $job == compile* ]] && runs="warm $runs"
     for run in $runs; do
         mode=${run%2}; [[ $run == warm ]] && mode=native
-        CAPTURE_PY=$here/torch-jobs.py timeout 180 python3 "$here/torch-proof.py" "$mode" "$job" "$work/jobs-$run" 11 \
-            > "$work/job-$job-$run.log" 2>&1
+        PYTORCH_CUDA_ALLOC_CONF=$(python3 "$here/torch-jobs.py" conf "$job") CAPTURE_PY=$here/torch-jobs.py \
+            timeout 180 python3 "$here/torch-proof.py" "$mode" "$job" "$work/jobs-$run" 11 > "$work/job-$job-$run.log" 2>&1
         echo "$job $run rc=$?: $(tail -1 "$work/job-$job-$run.log")"
         grep -m3 "Error\|error:" "$work/job-$job-$run.log" | grep -v "^  " | head -3
     done
@@ -91,6 +98,66 @@ done
 python3 "$here/torch-compare.py" "$work/jobs-native" "$work/jobs-cachalot" "$work/jobs-native2" | tee "$out/jobs.md"
 echo "compare rc=$?"
 tar -C "$work" -czf "$out/jobs-native.tar.gz" jobs-native jobs-cachalot jobs-native2
+fi
+
+if has policy; then
+echo "== policy: every job on PyTorch's allocator (its own settings, then tune's best), cachalot, policy:cachalot"
+# Peaks and device calls of the proof run, per job and allocator; jobs run four at a time (the
+# GPU holds them; peaks are per process), multi_gib alone.
+capture() { local mode=$1 job=$2 conf=$3 allocator=$1
+    [[ $mode == native2 || $mode == best ]] && allocator=native
+    PYTORCH_CUDA_ALLOC_CONF=$conf CAPTURE_PY=$here/torch-jobs.py timeout 300 \
+        python3 "$here/torch-proof.py" "$allocator" "$job" "$work/policy/$mode" 11 > "$work/policy-$job-$mode.log" 2>&1
+    echo "$job $mode [$conf] rc=$?: $(tail -1 "$work/policy-$job-$mode.log")"; }
+batch() { local mode=$1; shift; local n=0
+    for job in "$@"; do
+        conf=$(python3 "$here/torch-jobs.py" conf "$job")
+        [[ $mode == best ]] && conf=$(cat "$work/policy/best-$job.conf" 2>/dev/null || echo "$conf")
+        if [[ $job == multi_gib ]]; then wait; capture "$mode" "$job" "$conf"; continue; fi
+        capture "$mode" "$job" "$conf" & n=$((n + 1)); ((n % 4 == 0)) && wait
+    done; wait; }
+jobs_list=${JOBS:-$all_jobs}
+# Inductor's caches first, so that compile time does not weigh on one allocator's run.
+for job in $jobs_list; do [[ $job == compile* ]] && capture native "$job" "" >/dev/null; done
+mkdir -p "$work/policy"
+batch native $jobs_list
+for job in $jobs_list; do
+    "$here/cachalot" tune "$work/policy/native/$job.pickle" --json > "$work/policy/tune-$job.json" 2> "$work/policy/tune-$job.err"
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["winner"]["settings"])' "$work/policy/tune-$job.json" \
+        > "$work/policy/best-$job.conf" 2>/dev/null || rm -f "$work/policy/best-$job.conf"
+    echo "tune $job: $(cat "$work/policy/best-$job.conf" 2>/dev/null || tail -1 "$work/policy/tune-$job.err")"
+done
+batch best $jobs_list
+batch cachalot $jobs_list
+batch policy $jobs_list
+batch native2 $jobs_list
+cp "$work"/policy/best-*.conf "$out/" 2>/dev/null
+python3 "$here/torch-policy.py" table "$work/policy" "$work/policy-speed" | tee "$out/policy.md"
+# The same runs as the proof set's: cachalot's exact policy against PyTorch's, PyTorch against itself.
+python3 "$here/torch-compare.py" "$work/policy/native" "$work/policy/cachalot" "$work/policy/native2" | tee "$out/jobs.md"
+echo "compare rc=$?"
+tar -C "$work" -czf "$out/policy-runs.tar.gz" policy
+fi
+
+if has policy-speed; then
+echo "== policy-speed: step time, paired, on the four allocators"
+mkdir -p "$work/policy-speed" "$out/policy-speed"
+for job in ${JOBS:-$all_jobs}; do
+    [[ $job == mempool ]] && continue  # no step that repeats
+    conf=$(python3 "$here/torch-jobs.py" conf "$job")
+    best=$(cat "$work/policy/best-$job.conf" "$here/best/$job.conf" 2>/dev/null | head -1)
+    steps=4; [[ $job == multi_gib || $job == batch_search ]] && steps=2
+    PYTORCH_CUDA_ALLOC_CONF=$conf BEST_CONF=${best:-$conf} timeout 240 python3 "$here/torch-policy.py" speed "$job" \
+        "$out/policy-speed/$job.jsonl" "${SPEED_ROUNDS:-12}" $steps 2> "$work/policy-speed-$job.err" | cut -c1-400
+    echo "$job rc=$?"; grep -m3 "Error" "$work/policy-speed-$job.err"
+done
+cp "$out"/policy-speed/*.jsonl "$work/policy-speed/" 2>/dev/null
+[ -d "$work/policy" ] && python3 "$here/torch-policy.py" table "$work/policy" "$work/policy-speed" | tee "$out/policy.md"
+fi
+
+if has vmm; then
+echo "== vmm: what backing 14 GiB costs in driver calls"
+nvcc -O2 -o "$work/vmm-cost" "$here/vmm-cost.cu" -lcuda -lpthread && "$work/vmm-cost" 14 | tee "$out/vmm-cost.txt"
 fi
 
 if has determinism; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One workload of ../shared/traces/capture.py on PyTorch's allocator or on cachalot's, unchanged.
 
-    torch-proof.py MODE WORKLOAD OUTDIR SEED      (MODE: native | cachalot; CAPTURE_PY: capture.py;
+    torch-proof.py MODE WORKLOAD OUTDIR SEED      (MODE: native | cachalot | policy; CAPTURE_PY: capture.py;
                                                    PROOF_DETERMINISTIC=1: deterministic algorithms)
 
 capture.py runs as it is: on cachalot, `cachalot_torch.enable()` first, and torch.cuda's memory
@@ -20,11 +20,13 @@ import time
 mode, workload, outdir, seed = sys.argv[1:5]
 capture = os.environ.get("CAPTURE_PY", os.path.join(os.path.dirname(__file__), "capture.py"))
 started = time.time()
-if mode == "cachalot":
+if mode in ("cachalot", "policy"):
     import cachalot_torch
-    cachalot_torch.enable()
+    # policy: cachalot's own placement policy added to the job's settings
+    settings = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    cachalot_torch.enable(config=",".join(filter(None, [settings, "policy:cachalot" if mode == "policy" else ""])))
 elif mode != "native":
-    sys.exit(f"torch-proof.py: MODE is native or cachalot, not {mode!r}")
+    sys.exit(f"torch-proof.py: MODE is native, cachalot or policy, not {mode!r}")
 import torch  # noqa: E402
 
 if os.environ.get("PROOF_DETERMINISTIC"):
@@ -49,5 +51,5 @@ sys.argv = [capture, workload, outdir, seed]
 runpy.run_path(capture, run_name="__main__")
 tag = workload.replace("@", "_")
 with open(f"{outdir}/{tag}.losses.json", "w") as f:
-    json.dump({"mode": mode, "allocator": "cachalot" if mode == "cachalot" else "native",
+    json.dump({"mode": mode, "allocator": "native" if mode == "native" else "cachalot",
                "losses": losses, "seconds": round(time.time() - started, 2)}, f)
