@@ -6,6 +6,12 @@ eagerly.
 
     python3 scripts/dev/torch-checkpoint-job.py                # PyTorch's allocator
     CACHALOT=1 python3 scripts/dev/torch-checkpoint-job.py     # cachalot_torch.enable() first
+    CAPTURE=OUTDIR python3 scripts/dev/torch-checkpoint-job.py # also writes capture.py's files
+
+With CAPTURE, the run is recorded as capture.py records one (history with Python stacks), and
+OUTDIR/checkpoint_job.pickle and OUTDIR/checkpoint_job.expected.json are written, the latter with
+the graph tree's pool calls (scripts/conformance/pool_calls.py, `PoolCalls.graph_trees()`), so
+that `cachalot replay --check OUTDIR/checkpoint_job.pickle` replays the restores too.
 
 Where the restore happens (torch/_inductor/cudagraph_trees.py, CUDAGraphTreeManager._run): a
 forward run in training mode leaves its backward pending, so the next compiled call cannot start
@@ -31,6 +37,8 @@ memory_allocated/memory_reserved after each step.
 import copy
 import json
 import os
+import pickle
+import sys
 
 import torch
 
@@ -126,10 +134,37 @@ def checkpoints():
     return 0 if manager is None else manager.debug_checkpointing_counter
 
 
+capture = os.environ.get("CAPTURE")
+if capture:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance"))
+    from pool_calls import PoolCalls
+
+    os.makedirs(capture, exist_ok=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
+    recorder = PoolCalls(torch)
+    graph_tree_calls = recorder.graph_trees()
+    graph_tree_calls.__enter__()
+
 shapes()
 after_shapes = checkpoints()
 train_eval()
 restored = checkpoints()
+
+if capture:
+    torch.cuda.synchronize()
+    graph_tree_calls.__exit__(None, None, None)
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(f"{capture}/checkpoint_job.pickle", "wb") as f:
+        pickle.dump(snap, f)
+    with open(f"{capture}/checkpoint_job.expected.json", "w") as f:
+        json.dump({"workload": "checkpoint_job", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+                   "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "memory_fraction": None,
+                   "device_total_bytes": torch.cuda.get_device_properties(0).total_memory,
+                   "marks": marks, "memory_stats": dict(torch.cuda.memory_stats()),
+                   "memory_summary": torch.cuda.memory_summary(), "calls": recorder.calls}, f, indent=1)
 print(json.dumps({"allocator": "cachalot" if os.environ.get("CACHALOT") == "1" else "pytorch",
                   "checkpoints_restored": {"shapes": after_shapes, "train_eval": restored - after_shapes},
                   "marks": marks}, indent=1))
