@@ -177,6 +177,15 @@ pub enum PoolError {
     /// Every user of the pool already released it.
     #[error("pool {0} was already released by every user")]
     AlreadyReleased(PoolId),
+    /// A checkpoint of the pool cannot be taken or restored (CUDA-graph trees'
+    /// `getCheckpointState` / `setCheckpointPoolState`).
+    #[error("checkpoint of pool {pool}: {reason}")]
+    Checkpoint {
+        /// The pool.
+        pool: PoolId,
+        /// What does not fit, in words.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

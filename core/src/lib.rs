@@ -44,8 +44,8 @@ pub mod trace;
 mod tree;
 
 pub use allocator::{
-    Allocation, Allocator, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators, DynOomObserver, OomEvent,
-    OomObserver, SegmentSnapshot,
+    Allocation, Allocator, BlockCheckpoint, BlockSnapshot, BlockState, CachingAllocator, DeviceAllocators,
+    DynOomObserver, OomEvent, OomObserver, PoolCheckpoint, RestoreDelta, SegmentCheckpoint, SegmentSnapshot,
 };
 pub use backend::{
     Backend, BackendError, DeviceFacts, EventLayer, Pages, Segments, StreamEvents, StreamId, WithEvents,

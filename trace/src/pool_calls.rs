@@ -1,7 +1,8 @@
 //! The private-pool calls of a recorded program (`torch.cuda.MemPool`, `use_mem_pool`, CUDA
-//! graph captures), which a trace does not show: `scripts/conformance/capture_pools.py` lists
-//! them in the run's `expected.json` (`calls`, each after a `snapshot` entry), in the words of
-//! PyTorch's device allocator, and the replay makes them there (`docs/allocator-rules.md` §25).
+//! graph captures, CUDA-graph trees' checkpoints), which a trace does not show:
+//! `scripts/conformance/pool_calls.py` lists them in the run's `expected.json` (`calls`, each
+//! after a `snapshot` entry), in the words of PyTorch's device allocator, and the replay makes
+//! them there (`docs/allocator-rules.md` §25).
 //!
 //! ```text
 //! {"call": "create_pool", "pool": [0, 1], "trace_len": 6}             MemPool()
@@ -10,11 +11,18 @@
 //! {"call": "end_allocate_to_pool", "pool": [0, 1], …}
 //! {"call": "release_pool", "pool": [0, 1], …}
 //! {"call": "empty_cache", "pool": [0, 1], …}                          emptyCache(pool)
+//! {"call": "checkpoint_pool", "pool": [1, 0], "checkpoint": 3, …}     getCheckpointState
+//! {"call": "set_checkpoint_pool_state", "pool": [1, 0], "checkpoint": 3, …}
 //! ```
+//!
+//! A checkpoint is named by its number in the recording; the replay takes its own at the same
+//! place ([`PoolCheckpoints`]), which is the same state where the replay is exact, and restores
+//! that one.
 
 use cachalot_core::backend::{Backend, StreamId};
 use cachalot_core::error::AllocatorError;
-use cachalot_core::{CachingAllocator, PoolFilter, PoolId};
+use cachalot_core::{CachingAllocator, PoolCheckpoint, PoolFilter, PoolId, RestoreDelta};
+use rustc_hash::FxHashMap;
 
 /// One private-pool call of a recorded program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,18 +38,35 @@ pub enum PoolCall {
     Release(PoolId),
     /// `emptyCache(pool)`: [`CachingAllocator::empty_pool_cache`].
     EmptyCache(PoolId),
+    /// `getCheckpointState(pool)`, the recording's checkpoint number `n`:
+    /// [`CachingAllocator::checkpoint_pool`].
+    Checkpoint(PoolId, u64),
+    /// `setCheckpointPoolState` with the recording's checkpoint number `n`:
+    /// [`CachingAllocator::restore_pool`].
+    Restore(PoolId, u64),
 }
 
 /// The names of [`PoolCall`]s in `expected.json`.
-pub const POOL_CALL_NAMES: [&str; 5] =
-    ["create_pool", "begin_allocate_to_pool", "end_allocate_to_pool", "release_pool", "empty_cache (with a pool)"];
+pub const POOL_CALL_NAMES: [&str; 7] = [
+    "create_pool",
+    "begin_allocate_to_pool",
+    "end_allocate_to_pool",
+    "release_pool",
+    "empty_cache (with a pool)",
+    "checkpoint_pool",
+    "set_checkpoint_pool_state",
+];
+
+/// The checkpoints a replay took, by the recording's checkpoint number.
+#[derive(Clone, Debug, Default)]
+pub struct PoolCheckpoints(FxHashMap<u64, PoolCheckpoint>);
 
 impl PoolCall {
     /// The pool the call names.
     pub fn pool(self) -> PoolId {
         match self {
             PoolCall::Create(p) | PoolCall::Begin(p, _) | PoolCall::End(p) | PoolCall::Release(p) => p,
-            PoolCall::EmptyCache(p) => p,
+            PoolCall::EmptyCache(p) | PoolCall::Checkpoint(p, _) | PoolCall::Restore(p, _) => p,
         }
     }
 
@@ -59,6 +84,11 @@ impl PoolCall {
                 _ => Err(format!("calls[{i}].pool: expected [a, b]")),
             }
         };
+        let checkpoint = || {
+            call.get("checkpoint")
+                .and_then(|n| n.as_u64())
+                .ok_or(format!("calls[{i}].checkpoint: expected a non-negative integer"))
+        };
         Ok(Some(match name {
             "create_pool" => PoolCall::Create(pool()?),
             "begin_allocate_to_pool" => {
@@ -73,17 +103,26 @@ impl PoolCall {
             "end_allocate_to_pool" => PoolCall::End(pool()?),
             "release_pool" => PoolCall::Release(pool()?),
             "empty_cache" if call.get("pool").is_some() => PoolCall::EmptyCache(pool()?),
+            "checkpoint_pool" => PoolCall::Checkpoint(pool()?, checkpoint()?),
+            "set_checkpoint_pool_state" => PoolCall::Restore(pool()?, checkpoint()?),
             _ => return Ok(None),
         }))
     }
 
     /// Makes the call on `allocator`, with a capture's stream replaced by `stream_of(stream)`.
+    /// A checkpoint is taken and not kept; a restore, which needs the checkpoint and hands out
+    /// allocations the caller must then own, is refused: [`PoolCall::perform_with`] makes both.
     pub fn perform<B: Backend>(
         self,
         allocator: &mut CachingAllocator<B>,
         stream_of: impl Fn(StreamId) -> StreamId,
     ) -> Result<(), AllocatorError> {
         match self {
+            PoolCall::Checkpoint(pool, _) => allocator.checkpoint_pool(pool).map(|_| ()),
+            PoolCall::Restore(pool, n) => Err(AllocatorError::Unsupported(format!(
+                "restoring checkpoint {n} of pool {pool} (setCheckpointPoolState) is made by the simulator's replay \
+                 only, which keeps the checkpoints and the allocations the restore hands out"
+            ))),
             PoolCall::Create(pool) => allocator.create_pool(pool),
             PoolCall::Begin(pool, stream) => {
                 let filter = stream.map_or(PoolFilter::AllStreams, |s| PoolFilter::Stream(stream_of(s)));
@@ -92,6 +131,33 @@ impl PoolCall {
             PoolCall::End(pool) => allocator.end_allocate_to_pool(pool),
             PoolCall::Release(pool) => allocator.release_pool(pool),
             PoolCall::EmptyCache(pool) => allocator.empty_pool_cache(pool),
+        }
+    }
+
+    /// [`PoolCall::perform`], keeping checkpoints in `checkpoints` and restoring them from there:
+    /// a restore returns what it changed for the caller.
+    pub fn perform_with<B: Backend>(
+        self,
+        allocator: &mut CachingAllocator<B>,
+        stream_of: impl Fn(StreamId) -> StreamId,
+        checkpoints: &mut PoolCheckpoints,
+    ) -> Result<Option<RestoreDelta>, AllocatorError> {
+        match self {
+            PoolCall::Checkpoint(pool, n) => {
+                let checkpoint = allocator.checkpoint_pool(pool)?;
+                checkpoints.0.insert(n, checkpoint);
+                Ok(None)
+            }
+            PoolCall::Restore(pool, n) => {
+                let checkpoint = checkpoints.0.get(&n).filter(|c| c.pool == pool).ok_or_else(|| {
+                    AllocatorError::Unsupported(format!(
+                        "setCheckpointPoolState of pool {pool} with checkpoint {n}, which no checkpoint_pool of that \
+                         pool took before"
+                    ))
+                })?;
+                allocator.restore_pool(checkpoint).map(Some)
+            }
+            other => other.perform(allocator, stream_of).map(|()| None),
         }
     }
 }
@@ -114,6 +180,20 @@ mod tests {
         );
         assert_eq!(parse(r#"{"call": "empty_cache", "pool": [0, 2]}"#), Ok(Some(PoolCall::EmptyCache(PoolId(0, 2)))));
         assert_eq!(parse(r#"{"call": "empty_cache"}"#), Ok(None));
+        assert_eq!(
+            parse(r#"{"call": "checkpoint_pool", "pool": [1, 0], "checkpoint": 4}"#),
+            Ok(Some(PoolCall::Checkpoint(PoolId(1, 0), 4)))
+        );
+        assert_eq!(
+            parse(r#"{"call": "set_checkpoint_pool_state", "pool": [1, 0], "checkpoint": 4}"#),
+            Ok(Some(PoolCall::Restore(PoolId(1, 0), 4)))
+        );
+        for bad in [
+            r#"{"call": "checkpoint_pool", "pool": [1, 0]}"#,
+            r#"{"call": "set_checkpoint_pool_state", "pool": [1, 0], "checkpoint": -4}"#,
+        ] {
+            assert!(parse(bad).unwrap_err().starts_with("calls[3].checkpoint"), "{bad}");
+        }
         assert_eq!(parse(r#"{"call": "gc"}"#), Ok(None));
         for bad in [
             r#"{"call": "release_pool"}"#,

@@ -334,6 +334,62 @@ pub unsafe extern "C" fn cachalot_torch_cache_info(device: c_int, largest: *mut 
     }
 }
 
+/// `getCheckpointState(device, (id0, id1))` (CUDA-graph trees, after recording a graph): a
+/// checkpoint of the pool, kept until [`cachalot_torch_checkpoint_drop`]. Returns its handle
+/// (never 0), or 0 with the reason.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_pool_checkpoint(device: c_int, id0: u64, id1: u64) -> u64 {
+    match guarded("getCheckpointState", || registry().checkpoint_pool(ordinal(device)?, PoolId(id0, id1))) {
+        Ok(handle) => handle,
+        Err(failure) => {
+            set_last_error(&failure);
+            0
+        }
+    }
+}
+
+/// The checkpoint `checkpoint` of `device` is no longer needed (PyTorch's `AllocatorState`
+/// holding it died).
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_checkpoint_drop(device: c_int, checkpoint: u64) {
+    report("checkpoint_drop", guarded("checkpoint_drop", || registry().drop_checkpoint(ordinal(device)?, checkpoint)));
+}
+
+/// Receives what a restore changed, one pointer a call: `allocated` 0 for a pointer freed
+/// (`size` 0, `stream` null), 1 for a pointer handed out (its block size and stream).
+pub type RestoreSink =
+    extern "C" fn(context: *mut c_void, allocated: c_int, ptr: *mut c_void, size: usize, stream: *mut c_void);
+
+/// `setCheckpointPoolState(device, checkpoint)` (CUDA-graph trees, to record a graph off the
+/// current path): puts the checkpoint's pool back into the checkpointed state. Then tells
+/// `sink(context, ...)` each pointer freed, then each pointer handed out (PyTorch's
+/// `CheckpointDelta`; a pointer may be in both), outside the device's lock. Returns 0, or 1 with
+/// the reason (the pool changed nothing then).
+#[unsafe(no_mangle)]
+pub extern "C" fn cachalot_torch_pool_restore(
+    device: c_int,
+    checkpoint: u64,
+    sink: RestoreSink,
+    context: *mut c_void,
+) -> c_int {
+    match guarded("setCheckpointPoolState", || registry().restore_pool(ordinal(device)?, checkpoint)) {
+        Ok(restored) => {
+            for address in restored.freed {
+                sink(context, 0, address as usize as *mut c_void, 0, std::ptr::null_mut());
+            }
+            for (address, size, stream) in restored.allocated {
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                sink(context, 1, address as usize as *mut c_void, size, stream.0 as usize as *mut c_void);
+            }
+            0
+        }
+        Err(failure) => {
+            set_last_error(&failure);
+            1
+        }
+    }
+}
+
 /// Says that the shim installed PyTorch's private-pool hooks: captures are routed to their
 /// pools from now on instead of refused.
 #[unsafe(no_mangle)]

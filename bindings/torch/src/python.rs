@@ -57,6 +57,9 @@ fn function_addresses() -> BTreeMap<&'static str, usize> {
         ("pool_live_allocations_are", abi::cachalot_torch_pool_live_allocations_are as *const () as usize),
         ("cache_info", abi::cachalot_torch_cache_info as *const () as usize),
         ("enable_pool_hooks", abi::cachalot_torch_enable_pool_hooks as *const () as usize),
+        ("pool_checkpoint", abi::cachalot_torch_pool_checkpoint as *const () as usize),
+        ("checkpoint_drop", abi::cachalot_torch_checkpoint_drop as *const () as usize),
+        ("pool_restore", abi::cachalot_torch_pool_restore as *const () as usize),
     ])
 }
 

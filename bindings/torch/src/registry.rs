@@ -14,8 +14,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use cachalot_core::backend::Segments as _;
 use cachalot_core::trace::TraceAction;
 use cachalot_core::{
-    Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, PoolFilter, PoolId, SimBackend,
-    StreamId,
+    Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, PoolCheckpoint, PoolFilter,
+    PoolId, SimBackend, StreamId,
 };
 use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
@@ -112,6 +112,16 @@ impl Failure {
 /// device's lock, before each request while the pool is routed to.
 pub type CallerFilter = Box<dyn Fn(StreamId) -> bool + Send>;
 
+/// What a restore of a pool's checkpoint changed for PyTorch (its `CheckpointDelta`); a pointer
+/// may be in both lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoredPool {
+    /// Pointers freed: PyTorch no longer owns them.
+    pub freed: Vec<u64>,
+    /// Pointers handed out, each with its block size and stream, in the checkpoint's order.
+    pub allocated: Vec<(u64, u64, StreamId)>,
+}
+
 /// One device's allocator and the handles of the pointers it handed out.
 pub struct DeviceState {
     /// The allocator.
@@ -120,6 +130,11 @@ pub struct DeviceState {
     /// The pools routed to with PyTorch's own filters, oldest first, as the allocator routes
     /// them ([`PoolFilter::Caller`]).
     filters: Vec<(PoolId, CallerFilter)>,
+    /// Checkpoints of private pools PyTorch holds (`getCheckpointState`), by handle, until it
+    /// drops them.
+    checkpoints: FxHashMap<u64, PoolCheckpoint>,
+    /// The handle the next checkpoint gets (0 is never one).
+    next_checkpoint: u64,
 }
 
 impl DeviceState {
@@ -243,7 +258,13 @@ impl Registry {
         if let Some(history) = &settings.history {
             allocator.record_history(true, history.max_entries, &history.skip, false);
         }
-        Ok(DeviceState { allocator, live: FxHashMap::default(), filters: Vec::new() })
+        Ok(DeviceState {
+            allocator,
+            live: FxHashMap::default(),
+            filters: Vec::new(),
+            checkpoints: FxHashMap::default(),
+            next_checkpoint: 1,
+        })
     }
 
     /// The devices made so far, in ordinal order.
@@ -430,6 +451,51 @@ impl Registry {
             expected.dedup();
             live == expected
         })
+    }
+
+    /// `getCheckpointState` (CUDA-graph trees, after recording a graph): a checkpoint of pool
+    /// `pool`, kept until [`Registry::drop_checkpoint`]; its handle, never 0.
+    pub fn checkpoint_pool(&self, device: usize, pool: PoolId) -> Result<u64, Failure> {
+        self.pool_call(device, "getCheckpointState", pool, |state| {
+            let checkpoint = state.allocator.checkpoint_pool(pool)?;
+            let handle = state.next_checkpoint;
+            state.next_checkpoint += 1;
+            state.checkpoints.insert(handle, checkpoint);
+            Ok(handle)
+        })
+    }
+
+    /// PyTorch dropped the checkpoint `handle` (its `AllocatorState` died).
+    pub fn drop_checkpoint(&self, device: usize, handle: u64) -> Result<(), Failure> {
+        self.with_device(device, |state| state.checkpoints.remove(&handle))?
+            .map(|_| ())
+            .ok_or_else(|| Failure::Error(format!("checkpoint {handle} of device {device} does not exist")))
+    }
+
+    /// `setCheckpointPoolState` (CUDA-graph trees, to record a graph off the current path): puts
+    /// the pool of checkpoint `handle` back into its state. The pointers the pool's allocations
+    /// had are no longer handed out; those of the blocks allocated at the checkpoint are, as
+    /// if `alloc` had returned them.
+    pub fn restore_pool(&self, device: usize, handle: u64) -> Result<RestoredPool, Failure> {
+        self.with_device(device, |state| {
+            let checkpoint = state
+                .checkpoints
+                .get(&handle)
+                .cloned()
+                .ok_or_else(|| Failure::Error(format!("checkpoint {handle} of device {device} does not exist")))?;
+            let delta = state.allocator.restore_pool(&checkpoint).map_err(|e| {
+                Failure::Error(format!("setCheckpointPoolState of pool {} on device {device}: {e}", checkpoint.pool))
+            })?;
+            for address in &delta.freed {
+                state.live.remove(address);
+            }
+            let mut allocated = Vec::with_capacity(delta.allocated.len());
+            for allocation in delta.allocated {
+                state.live.insert(allocation.address(), allocation);
+                allocated.push((allocation.address(), allocation.size(), allocation.stream()));
+            }
+            Ok(RestoredPool { freed: delta.freed, allocated })
+        })?
     }
 
     /// `cacheInfo` (cuDNN's autotuner sizes its workspace with it): the largest free block in

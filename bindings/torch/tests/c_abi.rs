@@ -18,6 +18,9 @@ use cachalot_torch::abi::{
     cachalot_torch_empty_pool_cache, cachalot_torch_end_allocate_to_pool, cachalot_torch_pool_live_allocations_are,
     cachalot_torch_pool_use_count, cachalot_torch_release_pool,
 };
+use cachalot_torch::abi::{
+    cachalot_torch_checkpoint_drop, cachalot_torch_pool_checkpoint, cachalot_torch_pool_restore,
+};
 use cachalot_torch::backend::DeviceBackend;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -410,4 +413,105 @@ fn cache_info_is_the_largest_free_block_or_the_guess() {
     // SAFETY: as above.
     assert_eq!(unsafe { cachalot_torch_cache_info(device, &mut largest) }, 0);
     assert_eq!(largest, 30 * MIB, "the cached 30 MiB segment, free");
+}
+
+/// What `cachalot_torch_pool_restore` told its sink: pointers freed, and pointers handed out
+/// with their size and stream.
+#[derive(Default)]
+struct Delta {
+    freed: Vec<u64>,
+    allocated: Vec<(u64, usize, u64)>,
+}
+
+extern "C" fn collect(context: *mut c_void, allocated: c_int, ptr: *mut c_void, size: usize, stream: *mut c_void) {
+    // SAFETY: the test passes a pointer to its Delta, alive for the call.
+    let delta = unsafe { &mut *(context as *mut Delta) };
+    match allocated {
+        0 => delta.freed.push(ptr as u64),
+        _ => delta.allocated.push((ptr as u64, size, stream as u64)),
+    }
+}
+
+/// A CUDA-graph tree's checkpoint and restore, as the shim makes them: a graph recorded into its
+/// pool and checkpointed; replays and another recording change the pool; the restore frees
+/// everything allocated in the pool now and hands out again the blocks the checkpoint had
+/// allocated, which PyTorch then owns and frees through `free`.
+#[test]
+fn a_pool_restored_to_its_checkpoint_hands_out_the_checkpointed_blocks() {
+    simulated_devices();
+    let device = 13;
+    let (id0, id1) = (3, 0);
+    extern "C" fn every_request(_: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    extern "C" fn nothing_to_release(_: *mut c_void) {}
+    let route = || {
+        let begun = cachalot_torch_begin_allocate_to_pool(
+            device,
+            id0,
+            id1,
+            every_request,
+            nothing_to_release,
+            std::ptr::null_mut(),
+        );
+        assert_eq!(begun, 0, "{:?}", last_error());
+    };
+    // The recording: four tensors, one freed before its end.
+    route();
+    let recorded: Vec<*mut c_void> =
+        [MIB, 512, 3 * MIB, 6 * MIB].iter().map(|&s| cachalot_torch_alloc(s, device, SIDE)).collect();
+    cachalot_torch_free(recorded[1], 512, device, SIDE);
+    assert_eq!(cachalot_torch_end_allocate_to_pool(device, id0, id1), 0);
+    let checkpoint = cachalot_torch_pool_checkpoint(device, id0, id1);
+    assert_ne!(checkpoint, 0, "{:?}", last_error());
+    let at_checkpoint = stats(13);
+
+    // Another recording into the same pool, after some outputs died.
+    cachalot_torch_free(recorded[0], MIB, device, SIDE);
+    route();
+    let later = cachalot_torch_alloc(2 * MIB, device, SIDE);
+    assert_eq!(cachalot_torch_end_allocate_to_pool(device, id0, id1), 0);
+
+    let mut delta = Delta::default();
+    let restored = cachalot_torch_pool_restore(device, checkpoint, collect, &mut delta as *mut Delta as *mut c_void);
+    assert_eq!(restored, 0, "{:?}", last_error());
+    let mut freed = delta.freed.clone();
+    freed.sort_unstable();
+    let mut expected_freed = vec![later as u64, recorded[2] as u64, recorded[3] as u64];
+    expected_freed.sort_unstable();
+    assert_eq!(freed, expected_freed, "everything allocated in the pool was freed");
+    let handed: Vec<(u64, usize)> = delta.allocated.iter().map(|&(p, size, _)| (p, size)).collect();
+    let mut expected: Vec<(u64, usize)> = [(recorded[0], MIB), (recorded[2], 3 * MIB), (recorded[3], 6 * MIB)]
+        .iter()
+        .map(|&(p, s)| (p as u64, s))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(handed, expected, "the checkpoint's allocated blocks, in address order");
+    assert!(delta.allocated.iter().all(|&(_, _, stream)| stream == SIDE as u64));
+    assert_eq!(stats(13), at_checkpoint);
+    let live: Vec<u64> = expected.iter().map(|&(p, _)| p).collect();
+    // SAFETY: `live.len()` readable pointers.
+    assert_eq!(unsafe { cachalot_torch_pool_live_allocations_are(device, id0, id1, live.as_ptr(), live.len()) }, 1);
+    consistent(13);
+
+    // PyTorch owns the handed-out pointers and frees them through `free`; the freed one it no
+    // longer owns is not the allocator's to free any more.
+    cachalot_torch_free(later, 2 * MIB, device, SIDE);
+    assert!(last_error().1.contains("did not hand out"), "{:?}", last_error());
+    for &(ptr, size) in &expected {
+        cachalot_torch_free(ptr as *mut c_void, size, device, SIDE);
+        assert_eq!(last_error().0, ERROR_NONE);
+    }
+    assert_eq!(stats(13).0, 0);
+
+    // Dropped, the checkpoint is gone; a restore of it is refused, naming it.
+    cachalot_torch_checkpoint_drop(device, checkpoint);
+    let mut delta = Delta::default();
+    assert_eq!(cachalot_torch_pool_restore(device, checkpoint, collect, &mut delta as *mut Delta as *mut c_void), 1);
+    assert!(last_error().1.contains(&format!("checkpoint {checkpoint}")));
+    assert!(delta.freed.is_empty() && delta.allocated.is_empty());
+    // A pool that does not exist has no checkpoint.
+    assert_eq!(cachalot_torch_pool_checkpoint(device, 9, 9), 0);
+    assert!(last_error().1.contains("(9, 9)"), "{:?}", last_error());
+    consistent(13);
 }

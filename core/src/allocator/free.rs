@@ -42,7 +42,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// back in its pool once they have all completed.
     #[cold]
     #[inline(never)]
-    fn free_used_on_other_streams(&mut self, id: u32) -> Result<(), AllocatorError> {
+    pub(super) fn free_used_on_other_streams(&mut self, id: u32) -> Result<(), AllocatorError> {
         if !self.routing.is_empty() {
             // During a capture the events wait until no pool is routed to; the block keeps its
             // stream uses until then, and waits as a block with events does.
@@ -72,7 +72,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// `free_requested`: the block is no longer allocated, though it stays active until its
     /// free completes (at once, or when its streams' events have).
     #[inline(always)]
-    fn free_requested(&mut self, id: u32) {
+    pub(super) fn free_requested(&mut self, id: u32) {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (ptr, size, pool, stream, requested) = (b.ptr, b.size, b.pool, b.stream, b.requested_size);
@@ -178,7 +178,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// `insert_events_deferred_until_no_capture`: once no pool is routed to, the events of the
     /// frees deferred during a capture are recorded, in the order of the frees. A block whose
     /// recording fails stays deferred, with its uses, and the error is returned.
-    fn insert_deferred_events(&mut self) -> Result<(), AllocatorError> {
+    pub(super) fn insert_deferred_events(&mut self) -> Result<(), AllocatorError> {
         if self.deferred_frees.is_empty() || !self.routing.is_empty() {
             return Ok(());
         }

@@ -189,7 +189,13 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `alloc_found_block`: splits if asked (the original block object becomes the free tail,
     /// keeping its stale requested size), marks the block allocated, records and counts it.
-    fn alloc_found_block(&mut self, found: u32, request: &Request, requested: u64, split: bool) -> Allocation {
+    pub(super) fn alloc_found_block(
+        &mut self,
+        found: u32,
+        request: &Request,
+        requested: u64,
+        split: bool,
+    ) -> Allocation {
         let already_split = self.blocks[found].is_split();
         let expandable = self.blocks[found].expandable;
         let pool = request.pool;

@@ -5,13 +5,15 @@
 //! the device for the replay's questions about a malloc), `free` (two-step frees, merging,
 //! cross-stream events), `release` (empty_cache, oversize release, garbage collection),
 //! `expandable` (VA reservations and page mapping), `private` (`MemPool` and CUDA-graph pools),
-//! `policy` (the decisions a placement policy makes, PyTorch's and `policy:cachalot`'s, behind
-//! one trait) and `inspect` (snapshots and the consistency check); `object` is the
+//! `checkpoint` (a private pool's checkpoint and its restore, for CUDA-graph trees), `policy`
+//! (the decisions a placement policy makes, PyTorch's and `policy:cachalot`'s, behind one
+//! trait) and `inspect` (snapshots and the consistency check); `object` is the
 //! [`Allocator`] trait that code not generic over the backend holds as `&dyn Allocator`;
 //! `devices` keeps one allocator per device. Every state change goes through these paths,
 //! which update the stats and record the trace entry PyTorch would record.
 
 mod chain;
+mod checkpoint;
 mod devices;
 mod expandable;
 mod free;
@@ -37,6 +39,7 @@ use crate::trace::{AnnotationId, ContextId, ContextTable, Frame, Mark, TraceActi
 use crate::tree::{BlockTree, FreeIndex};
 
 use crate::pool::{PoolFilter, PoolId};
+pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreDelta, SegmentCheckpoint};
 pub use devices::DeviceAllocators;
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use object::Allocator;

@@ -149,7 +149,7 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(slot)
     }
 
-    fn pool_slot(&self, id: PoolId) -> Result<PoolSlot, PoolError> {
+    pub(super) fn pool_slot(&self, id: PoolId) -> Result<PoolSlot, PoolError> {
         if id.is_default() {
             return Err(PoolError::Default);
         }

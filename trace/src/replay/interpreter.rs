@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 use cachalot_core::error::AllocatorError;
 use cachalot_core::sim::SimBackend;
 use cachalot_core::trace::{TraceAction, TraceEntry};
-use cachalot_core::{Allocation, CachingAllocator, OomObserver};
+use cachalot_core::{Allocation, CachingAllocator, OomObserver, RestoreDelta};
 
 use super::calls::{CallSink, ReplayCall};
 use super::inference::{oom_reservation_addresses, released_by_next_malloc};
@@ -24,7 +24,7 @@ use super::recording::{
     synchronized_completions,
 };
 use super::{CallKind, Divergence, ReplayError, ReplayOom, ReplayOptions, ReplayOutcome};
-use crate::pool_calls::PoolCall;
+use crate::pool_calls::{PoolCall, PoolCheckpoints};
 use crate::snapshot::torch::TorchSnapshot;
 
 /// One replay in progress: the allocator, what was read off the trace beforehand, and what the
@@ -52,6 +52,8 @@ pub(super) struct Interpreter<'a, S> {
     /// [`Interpreter::sync_without_release`]).
     completions_end: usize,
     trial_copies: usize,
+    /// The checkpoints of private pools taken so far, by the recording's numbers.
+    checkpoints: PoolCheckpoints,
 }
 
 impl<'a, S: CallSink> Interpreter<'a, S> {
@@ -102,6 +104,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
             alloc_failed: false,
             completions_end: 0,
             trial_copies: 0,
+            checkpoints: PoolCheckpoints::default(),
         })
     }
 
@@ -374,7 +377,13 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
                     PoolCall::EmptyCache(_) => self.finish_sync_run(at),
                     _ => 0,
                 };
-                pool_call.perform(&mut self.allocator, |s| s).map_err(ReplayError::Setup)?;
+                let before = self.allocator.trace_len_total();
+                let delta = pool_call
+                    .perform_with(&mut self.allocator, |s| s, &mut self.checkpoints)
+                    .map_err(ReplayError::Setup)?;
+                if let PoolCall::Checkpoint(..) | PoolCall::Restore(..) = pool_call {
+                    return Ok(self.checkpoint_entries(at, before, delta));
+                }
                 Ok(skip)
             }
             CallKind::EmptyCache => {
@@ -385,6 +394,45 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
                 Ok(skip)
             }
         }
+    }
+
+    /// After a checkpoint or a restore made after the `snapshot` entry `trace[at]`: the entries
+    /// the replay's allocator recorded for it from number `before` on must be the recording's
+    /// next ones (the same frees and allocations, in any order: PyTorch walks the pool's blocks
+    /// in its hash set's order), which are its doing and skipped; the allocations a restore
+    /// handed out are the program's from then on, each named by the recording's `alloc` entry
+    /// of it. Returns how many entries are skipped.
+    fn checkpoint_entries(&mut self, at: usize, before: u64, delta: Option<RestoreDelta>) -> usize {
+        let ours = self.allocator.trace_since(before);
+        let end = (at + 1 + ours.len()).min(self.trace.len());
+        let recorded = &self.trace[at + 1..end];
+        let key = |e: &TraceEntry| (e.action.name(), e.addr, e.size);
+        let mut theirs: Vec<_> = recorded.iter().map(key).collect();
+        let mut mine: Vec<_> = ours.iter().map(key).collect();
+        theirs.sort_unstable();
+        mine.sort_unstable();
+        if theirs != mine {
+            let first = mine.iter().zip(&theirs).find(|(m, t)| m != t);
+            let message = match first {
+                Some((m, t)) => format!("replay {} {:#x} {} B, PyTorch {} {:#x} {} B", m.0, m.1, m.2, t.0, t.1, t.2),
+                None => format!("the replay made {} entries, PyTorch {}", mine.len(), theirs.len()),
+            };
+            self.diverged(at, format!("a pool checkpoint's or restore's frees and allocations differ: {message}"));
+        }
+        if let Some(delta) = delta {
+            for address in &delta.freed {
+                self.live.remove(address);
+            }
+            for allocation in delta.allocated {
+                let address = allocation.address();
+                let made_at = recorded
+                    .iter()
+                    .position(|e| e.action == TraceAction::Alloc && e.addr == address)
+                    .map_or(at, |k| at + 1 + k);
+                self.live.insert(address, (allocation, made_at));
+            }
+        }
+        recorded.len()
     }
 
     /// For a call after the `snapshot` entry `trace[at]` that synchronizes and releases:

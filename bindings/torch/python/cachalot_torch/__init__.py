@@ -75,6 +75,9 @@ SHIM_FUNCTIONS = (
     "pool_live_allocations_are",
     "cache_info",
     "enable_pool_hooks",
+    "pool_checkpoint",
+    "checkpoint_drop",
+    "pool_restore",
 )
 
 # The torch._C entry points `patch_torch=True` replaces. Every Python-level function of

@@ -1,9 +1,9 @@
 // cachalot_torch's C++ shim: installs cachalot as PyTorch's CUDA allocator with the parts of
 // PyTorch 2.11's allocator interface that Python cannot reach. torch.cuda.memory.CUDAPluggableAllocator
 // takes alloc and free only, and CUDAPluggableAllocator itself refuses cacheInfo (cuDNN's
-// autotuner), createOrIncrefPool (torch.cuda.MemPool), getPoolUseCount and
-// checkPoolLiveAllocations (CUDA-graph trees). The shim subclasses it and sends each of those to
-// the Rust library. Built at first use by torch.utils.cpp_extension, against the torch that runs,
+// autotuner), createOrIncrefPool (torch.cuda.MemPool), getPoolUseCount,
+// checkPoolLiveAllocations, getCheckpointState and setCheckpointPoolState (CUDA-graph trees).
+// The shim subclasses it and sends each of those to the Rust library. Built at first use by torch.utils.cpp_extension, against the torch that runs,
 // and loaded as a plain shared library; the Rust library's C functions arrive as addresses, so
 // nothing here links against it.
 //
@@ -18,6 +18,8 @@
 // - Private pools (CUDA graphs, MemPool): beginAllocateToPool's filter stays here, on the heap;
 //   the allocator asks it, through `filter_accepts`, before each request while the pool is
 //   routed to, and frees it through `filter_release` when the routing ends.
+// - Checkpoints (CUDA-graph trees): the allocator keeps each one; the AllocatorState PyTorch
+//   holds names it and drops it when PyTorch does.
 // - Every hook that fails raises RuntimeError with the allocator's reason.
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -52,6 +54,10 @@ using PoolUseCountFn = int64_t (*)(int, uint64_t, uint64_t);
 using PoolLiveFn = int (*)(int, uint64_t, uint64_t, const uint64_t*, size_t);
 using CacheInfoFn = int (*)(int, size_t*);
 using EnablePoolHooksFn = void (*)();
+using PoolCheckpointFn = uint64_t (*)(int, uint64_t, uint64_t);
+using CheckpointDropFn = void (*)(int, uint64_t);
+using RestoreSinkFn = void (*)(void*, int, void*, size_t, void*);
+using PoolRestoreFn = int (*)(int, uint64_t, RestoreSinkFn, void*);
 
 constexpr int kOutOfMemory = 1;
 
@@ -72,6 +78,9 @@ struct Functions {
   PoolLiveFn pool_live_allocations_are;
   CacheInfoFn cache_info;
   EnablePoolHooksFn enable_pool_hooks;
+  PoolCheckpointFn pool_checkpoint;
+  CheckpointDropFn checkpoint_drop;
+  PoolRestoreFn pool_restore;
 };
 constexpr size_t kFunctionCount = sizeof(Functions) / sizeof(void*);
 
@@ -89,6 +98,48 @@ int filter_accepts(void* filter, void* stream) {
 
 void filter_release(void* filter) {
   delete static_cast<Filter*>(filter);
+}
+
+// A checkpoint of a private pool (getCheckpointState), kept by the allocator under `handle`
+// until PyTorch drops this object.
+struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
+  PoolCheckpoint(CheckpointDropFn drop, c10::DeviceIndex device, uint64_t handle)
+      : drop(drop), device(device), handle(handle) {}
+  ~PoolCheckpoint() override {
+    drop(device, handle);
+  }
+  PoolCheckpoint(const PoolCheckpoint&) = delete;
+  PoolCheckpoint& operator=(const PoolCheckpoint&) = delete;
+
+  CheckpointDropFn drop;
+  c10::DeviceIndex device;
+  uint64_t handle;
+};
+
+// What a restore told its sink: the pointers freed, then those handed out.
+struct Restored {
+  struct Block {
+    void* ptr;
+    size_t size;
+    cudaStream_t stream;
+  };
+  std::vector<void*> freed;
+  std::vector<Block> allocated;
+  bool failed = false;
+};
+
+void restore_sink(void* context, int allocated, void* ptr, size_t size, void* stream) {
+  auto* restored = static_cast<Restored*>(context);
+  try {
+    if (allocated != 0) {
+      restored->allocated.push_back({ptr, size, static_cast<cudaStream_t>(stream)});
+    } else {
+      restored->freed.push_back(ptr);
+    }
+  } catch (...) {
+    // Nothing may unwind into the Rust library; the restore is reported failed below.
+    restored->failed = true;
+  }
 }
 
 // Pools allocations are routed to now, on any device: while there is one, alloc runs in relaxed
@@ -212,21 +263,48 @@ class CachalotAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPlugga
   }
 
   // CUDA-graph trees (torch.compile's mode="reduce-overhead") take a checkpoint of a graph's pool
-  // after recording it, and restore it only to record a graph off the current path (a new shape
-  // or branch). Taking one is served; restoring one is refused with this reason.
+  // after recording it, and restore it to record a graph off the current path (a new shape or
+  // branch). The checkpoint stays in the allocator; PyTorch holds its handle.
   std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
-      c10::DeviceIndex /*device*/,
-      c10::cuda::MempoolId_t /*id*/) override {
-    return std::make_shared<c10::cuda::CUDACachingAllocator::AllocatorState>();
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t id) override {
+    uint64_t handle = f_.pool_checkpoint(device, id.first, id.second);
+    if (handle == 0) {
+      fail();
+    }
+    return std::make_shared<PoolCheckpoint>(f_.checkpoint_drop, device, handle);
   }
 
+  // As PyTorch's allocator: the pointers freed leave this allocator's records (their storages'
+  // deleters are removed by the caller), and each block allocated at the checkpoint comes back
+  // as a DataPtr whose deleter frees it through cachalot, as `allocate` would have made it.
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex /*device*/,
-      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> /*pps*/) override {
+      c10::DeviceIndex device,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> pps) override {
+    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(pps);
+    TORCH_CHECK(checkpoint, "cachalot_torch: setCheckpointPoolState takes a checkpoint cachalot's getCheckpointState made");
     TORCH_CHECK(
-        false,
-        "cachalot_torch: restoring a CUDA-graph pool to a checkpoint is not supported (torch.compile's "
-        "CUDA-graph trees do it to record a graph off the current path: a new input shape or branch)");
+        checkpoint->device == device, "cachalot_torch: a checkpoint of device ", static_cast<int>(checkpoint->device),
+        " restored on device ", static_cast<int>(device));
+    Restored restored;
+    check(f_.pool_restore(device, checkpoint->handle, &restore_sink, &restored));
+    TORCH_CHECK(!restored.failed, "cachalot_torch: setCheckpointPoolState: out of host memory for its result");
+
+    c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
+    delta.ptrs_freed = restored.freed;
+    delta.dataptrs_allocd.reserve(restored.allocated.size());
+    const std::lock_guard<std::mutex> lock(allocator_mutex_);
+    // Freed first: a pointer may be freed and handed out again.
+    for (void* ptr : restored.freed) {
+      allocation_metadata_.erase(ptr);
+    }
+    for (const auto& block : restored.allocated) {
+      allocation_metadata_[block.ptr] =
+          torch::cuda::CUDAPluggableAllocator::_AllocationMetadata(block.size, device, block.stream);
+      delta.dataptrs_allocd.emplace_back(
+          block.ptr, block.ptr, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
 
   std::string name() override {
