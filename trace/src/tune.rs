@@ -48,7 +48,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay};
+use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay_trial};
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
@@ -371,7 +371,7 @@ fn measure(snapshot: &TorchSnapshot, options: &ReplayOptions, settings: &str) ->
         .map_err(|error| TuneError::Candidate { settings: settings.to_owned(), error })?;
     let options = ReplayOptions { config, ..options.clone() };
     let started = Instant::now();
-    let outcome = replay(snapshot, &options, |_, _| {})
+    let outcome = replay_trial(snapshot, &options, &|_| false)
         .map_err(|error| TuneError::Replay { settings: settings.to_owned(), error })?;
     Ok(Candidate::measured(settings, &outcome, started.elapsed().as_secs_f64()))
 }

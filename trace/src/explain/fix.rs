@@ -12,6 +12,7 @@
 //! Fractions below the job's own allowance (which `tune` tries, to save memory) are left out:
 //! a lower cap never serves a request the device or a higher cap refused.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -20,7 +21,7 @@ use cachalot_core::config::AllocatorConfig;
 use cachalot_core::trace::{TraceAction, TraceEntry};
 
 use super::ExplainError;
-use crate::replay::{CallKind, ProgramCall, ReplayOptions, ReplayOutcome, replay};
+use crate::replay::{CallKind, ProgramCall, ReplayOom, ReplayOptions, ReplayOutcome, replay, replay_trial};
 use crate::snapshot::torch::TorchSnapshot;
 use crate::tune::{
     Candidate, CandidateSearch, Objective, keys_changed, own_policy_settings, split_own_keys, with_entries,
@@ -138,7 +139,11 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
         .map(|trial| {
             let started = Instant::now();
             let replayed = trial.snapshot.as_ref().unwrap_or(snapshot);
-            let outcome = replay(replayed, &trial.options, |_, _| {})?;
+            // A change fails at its first error that keeps the job from going through; the
+            // replays of the job's own settings go on to the end (their inferred `empty_cache`
+            // calls and their peak are read).
+            let fails = |oom: &ReplayOom| trial.change.is_some() && !lets_through_at(oom, trial.entry);
+            let outcome = replay_trial(replayed, &trial.options, &fails)?;
             let candidate =
                 Candidate::measured(trial.options.config.settings(), &outcome, started.elapsed().as_secs_f64());
             Ok(Measured {
@@ -154,7 +159,13 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
 /// Whether the replay `outcome` of a change (from [`rehearse`]) lets the job through from the
 /// request at `entry` on: no out-of-memory error there or after, none PyTorch's run did not raise.
 pub fn lets_job_through(outcome: &ReplayOutcome, entry: usize) -> bool {
-    outcome.ooms.iter().all(|oom| oom.recorded && oom.index < entry)
+    outcome.ooms.iter().all(|oom| lets_through_at(oom, entry))
+}
+
+/// Whether the error `oom` of a change's replay leaves the job through from the request at
+/// `entry` on: one PyTorch raised too, before the request.
+fn lets_through_at(oom: &ReplayOom, entry: usize) -> bool {
+    oom.recorded && oom.index < entry
 }
 
 /// The job as the candidates replay it. At a recorded out-of-memory error the replay gives
@@ -174,6 +185,7 @@ struct Rehearsal {
 impl Rehearsal {
     fn new(snapshot: &TorchSnapshot, options: &ReplayOptions, target: &Target) -> Self {
         let trace = snapshot.device_traces.get(options.device).map_or(&[][..], Vec::as_slice);
+        let trace = &chain_completions_left_pending(trace, target.entry);
         let mut converted = Vec::with_capacity(trace.len());
         let mut moved = Vec::new();
         for (i, e) in trace.iter().enumerate() {
@@ -223,6 +235,33 @@ impl Rehearsal {
             .map(|f| (f * self.scale).min(1.0));
         Ok(ReplayOptions { config, memory_fraction: fraction, ..self.options.clone() })
     }
+}
+
+/// `trace` with the deferred completions recorded by each failing malloc from `entry` on
+/// (those its retry chain's synchronization made) turned into `snapshot` marks put first in
+/// the malloc's entries, which keeps every index. As the explanation's stopped replay, the
+/// rehearsal then leaves those frees pending when the request comes: a change is not credited
+/// with a block that only the failing malloc's own synchronization freed (PyTorch's retry then
+/// asks the device for a new segment and never looks at it). They complete at the next
+/// synchronization (a full release, an `empty_cache`), as a replay that knows the program's
+/// calls treats a retry chain's completions.
+fn chain_completions_left_pending(trace: &[TraceEntry], entry: usize) -> Cow<'_, [TraceEntry]> {
+    let mut entries = Cow::Borrowed(trace);
+    for (i, e) in trace.iter().enumerate().skip(entry).filter(|(_, e)| e.action == TraceAction::Oom) {
+        let start = super::stop::malloc_start(trace, i);
+        if !trace[start..i].iter().any(|n| n.action == TraceAction::FreeCompleted) {
+            continue;
+        }
+        let run = &mut entries.to_mut()[start..i];
+        let marks = run.iter().filter(|n| n.action == TraceAction::FreeCompleted).count();
+        let rest: Vec<TraceEntry> = run.iter().filter(|n| n.action != TraceAction::FreeCompleted).copied().collect();
+        let mark =
+            TraceEntry { action: TraceAction::Snapshot, size: 0, addr: 0, context: None, annotation: None, ..*e };
+        for (slot, n) in run.iter_mut().zip(std::iter::repeat_n(mark, marks).chain(rest)) {
+            *slot = n;
+        }
+    }
+    entries
 }
 
 impl Rehearsal {
