@@ -414,6 +414,20 @@ impl CandidateSearch {
         CandidateSearch { space, singles }
     }
 
+    /// [`CandidateSearch::new`] for one request of `size` bytes (`explain`'s fix search): the
+    /// two-part `roundup_power2_divisions` tables are only those split at the request's interval
+    /// or the one below it (the request rounded apart from the smaller ones, or with them apart
+    /// from the larger ones), instead of at every interval the trace has requests in. Those
+    /// tables are most of the first pass (up to twenty per interval), and one that splits
+    /// elsewhere rounds the request as a single value of the grid does.
+    pub fn for_request(snapshot: &TorchSnapshot, options: &ReplayOptions, baseline: &Candidate, size: u64) -> Self {
+        let mut space = SearchSpace::of(snapshot, options);
+        let interval = roundup_interval(size);
+        space.table_splits = Some(BTreeSet::from([interval.saturating_sub(1), interval]));
+        let singles = space.single_key_choices(baseline);
+        CandidateSearch { space, singles }
+    }
+
     /// The first pass: each searched key alone, every value of its grid.
     pub fn first_pass(&self) -> Vec<String> {
         self.singles.iter().map(|c| self.space.settings(c)).collect()
@@ -457,6 +471,9 @@ struct SearchSpace {
     device_total: u64,
     /// Whether the job sets its own memory fraction (which overrides a configured one).
     own_fraction: bool,
+    /// The intervals a two-part roundup table may be split at, where not every interval with
+    /// requests ([`CandidateSearch::for_request`]).
+    table_splits: Option<BTreeSet<usize>>,
 }
 
 impl SearchSpace {
@@ -482,6 +499,7 @@ impl SearchSpace {
             intervals: requests.iter().map(|&size| roundup_interval(size)).collect(),
             device_total: options.device_total,
             own_fraction: options.memory_fraction.is_some(),
+            table_splits: None,
         }
     }
 
@@ -532,7 +550,8 @@ impl SearchSpace {
         }
         // A split after the last interval with requests would leave nothing above it.
         let last = self.intervals.last().copied().unwrap_or(0);
-        for &split in self.intervals.iter().filter(|&&i| i < last) {
+        let allowed = |split: &usize| self.table_splits.as_ref().is_none_or(|splits| splits.contains(split));
+        for &split in self.intervals.iter().filter(|&&i| i < last).filter(|i| allowed(i)) {
             for below in TABLE_DIVISIONS {
                 for above in TABLE_DIVISIONS.into_iter().filter(|&a| a != below) {
                     let mut table = [above; ROUNDUP_INTERVALS];
@@ -693,7 +712,24 @@ mod tests {
             intervals: BTreeSet::from([0, 2, 6]),
             device_total: 80 << 30,
             own_fraction: false,
+            table_splits: None,
         }
+    }
+
+    /// For one request, tables split only at its interval or the one below: the rest of the
+    /// first pass is tune's.
+    #[test]
+    fn a_requests_tables_split_next_to_it() {
+        let all = space().roundup_values();
+        let near = SearchSpace { table_splits: Some(BTreeSet::from([1, 2])), ..space() }.roundup_values();
+        let tables = |values: &[Value]| -> BTreeSet<String> {
+            values.iter().flatten().filter(|v| v.contains('[')).cloned().collect()
+        };
+        assert!(tables(&near).iter().all(|t| t.contains(":[4:")), "{near:?}");
+        assert!(!tables(&near).is_empty() && tables(&near).is_subset(&tables(&all)));
+        assert!(tables(&all).iter().any(|t| t.contains(":[1:")));
+        let singles = |values: &[Value]| values.iter().filter(|v| !v[0].contains('[')).count();
+        assert_eq!(singles(&near), singles(&all));
     }
 
     fn measured(settings: &str, peak_reserved: u64, new_ooms: usize) -> Candidate {

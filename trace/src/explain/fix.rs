@@ -1,13 +1,18 @@
 //! The fix, proven: the whole trace replayed under candidate changes, in parallel, and the
 //! smallest change that lets the explained request and the rest of the job through.
 //!
-//! The candidates are `tune`'s ([`CandidateSearch`]: each searched key alone, then, only if
-//! none of those is enough, its combinations of the best values), cachalot's own policy, an
+//! The candidates are `tune`'s ([`CandidateSearch::for_request`]: each searched key alone, the
+//! two-part roundup tables only those split next to the request's size, then, only if none of
+//! those is enough, the combinations of the best values), cachalot's own policy, an
 //! `empty_cache()` call just before the request, and, where a memory fraction is set, the
 //! smallest fraction that holds the job's peak without one. A change lets the job through when
 //! its replay raises no out-of-memory error at the request or after it, and none anywhere that
 //! PyTorch's run did not raise. "Smallest" is the fewest keys changed, a setting PyTorch accepts
 //! before a call in the program before cachalot's own policy, then the lowest peak reserved.
+//!
+//! Each replay is a search's trial ([`replay_trial`]): no history, and a change's replay ends at
+//! its first error that keeps the job from going through (it cannot be the fix; the combination
+//! pass then ranks the failing values by how far the job got).
 //!
 //! Fractions below the job's own allowance (which `tune` tries, to save memory) are left out:
 //! a lower cap never serves a request the device or a higher cap refused.
@@ -114,6 +119,8 @@ pub(crate) struct Target {
     pub peaks: (u64, u64),
     /// Memory outside the allocator at the request (where a recorded error says).
     pub outside: u64,
+    /// The request's size as the allocator rounded it (which roundup tables are tried).
+    pub rounded: u64,
 }
 
 /// One replay to make.
@@ -301,6 +308,7 @@ pub fn rehearse(
         cut: super::stop::malloc_start(trace, x.entry.min(trace.len())),
         peaks: (0, 0),
         outside: x.memory.outside,
+        rounded: x.request.rounded,
     };
     let rehearsal = Rehearsal::new(snapshot, options, &target);
     let inferred = match change {
@@ -341,7 +349,7 @@ pub(crate) fn search(
         device_frees: 0,
         allocator_seconds: 0.0,
     };
-    let candidates = CandidateSearch::new(snapshot, &pytorch_options, &baseline);
+    let candidates = CandidateSearch::for_request(snapshot, &pytorch_options, &baseline, target.rounded);
     let first_pass = candidates.first_pass();
     let trial = |change: Change| rehearsal.trial(change, target, &[]);
 

@@ -328,6 +328,7 @@ pub fn explain(
                 entry,
                 cut: stopped.cut,
                 outside: memory.outside,
+                rounded,
                 peaks: (stats.max_memory_allocated(), stats.max_memory_reserved()),
             };
             Some(fix::search(snapshot, options, &target)?)
