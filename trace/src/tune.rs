@@ -415,15 +415,19 @@ impl CandidateSearch {
     }
 
     /// [`CandidateSearch::new`] for one request of `size` bytes (`explain`'s fix search): the
-    /// two-part `roundup_power2_divisions` tables are only those split at the request's interval
-    /// or the one below it (the request rounded apart from the smaller ones, or with them apart
-    /// from the larger ones), instead of at every interval the trace has requests in. Those
-    /// tables are most of the first pass (up to twenty per interval), and one that splits
-    /// elsewhere rounds the request as a single value of the grid does.
+    /// two-part `roundup_power2_divisions` tables are only those split just below the request's
+    /// interval (the request and the larger ones rounded apart from the smaller ones; at the
+    /// first interval, the request and the smaller ones apart from the larger), instead of at
+    /// every interval the trace has requests in. Those tables are most of the first pass (up to
+    /// twenty per interval), and one split elsewhere rounds the request as a single value of the
+    /// grid does, only the other requests differently.
     pub fn for_request(snapshot: &TorchSnapshot, options: &ReplayOptions, baseline: &Candidate, size: u64) -> Self {
         let mut space = SearchSpace::of(snapshot, options);
+        // The split is written at an interval that has requests: the last one below the
+        // request's (intervals without requests round nothing either way).
         let interval = roundup_interval(size);
-        space.table_splits = Some(BTreeSet::from([interval.saturating_sub(1), interval]));
+        let split = space.intervals.range(..interval).next_back().copied().unwrap_or(interval);
+        space.table_splits = Some(BTreeSet::from([split]));
         let singles = space.single_key_choices(baseline);
         CandidateSearch { space, singles }
     }
@@ -716,12 +720,12 @@ mod tests {
         }
     }
 
-    /// For one request, tables split only at its interval or the one below: the rest of the
-    /// first pass is tune's.
+    /// For one request, tables split only below its interval: the rest of the first pass is
+    /// tune's.
     #[test]
     fn a_requests_tables_split_next_to_it() {
         let all = space().roundup_values();
-        let near = SearchSpace { table_splits: Some(BTreeSet::from([1, 2])), ..space() }.roundup_values();
+        let near = SearchSpace { table_splits: Some(BTreeSet::from([2])), ..space() }.roundup_values();
         let tables = |values: &[Value]| -> BTreeSet<String> {
             values.iter().flatten().filter(|v| v.contains('[')).cloned().collect()
         };

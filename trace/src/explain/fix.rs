@@ -2,7 +2,7 @@
 //! smallest change that lets the explained request and the rest of the job through.
 //!
 //! The candidates are `tune`'s ([`CandidateSearch::for_request`]: each searched key alone, the
-//! two-part roundup tables only those split next to the request's size, then, only if none of
+//! two-part roundup tables only those split just below the request's size, then, only if none of
 //! those is enough, the combinations of the best values), cachalot's own policy, an
 //! `empty_cache()` call just before the request, and, where a memory fraction is set, the
 //! smallest fraction that holds the job's peak without one. A change lets the job through when
