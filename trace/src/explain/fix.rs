@@ -23,6 +23,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use cachalot_core::config::AllocatorConfig;
+use cachalot_core::size::{allocation_size, round_size};
 use cachalot_core::trace::{TraceAction, TraceEntry};
 
 use super::ExplainError;
@@ -359,8 +360,12 @@ pub(crate) fn search(
     // Each candidate as a change to the job's own settings (tune's set only the keys they vary).
     let mut tried = std::collections::BTreeSet::from([pytorch.clone()]);
     let as_change = |candidate: &str| with_entries(&pytorch, candidate);
+    let unchanged = Unchanged::of(snapshot, options, &own, &pytorch);
     for candidate in &first_pass {
         let settings = as_change(candidate);
+        if unchanged.by(&settings) {
+            continue;
+        }
         if !candidate.contains("per_process_memory_fraction:") && tried.insert(settings.clone()) {
             trials.push(trial(Change::Settings { settings: settings.clone() })?);
         }
@@ -458,6 +463,42 @@ pub(crate) fn search(
     })
 }
 
+/// What a `max_split_size_mb` added to the job's own settings cannot change: where those
+/// settings have no limit and no expandable segments, a limit above the largest segment they
+/// make for any request of the trace leaves every block below it, so no oversize rule ever
+/// applies and the oversize release finds nothing to release. The replay would be the job's
+/// own, which fails, so it is not made.
+struct Unchanged {
+    /// The job's own settings, where the rule applies to them.
+    own: Option<String>,
+    /// The largest segment those settings make for a request of the trace.
+    largest_segment: u64,
+}
+
+impl Unchanged {
+    fn of(snapshot: &TorchSnapshot, options: &ReplayOptions, own: &str, pytorch: &str) -> Self {
+        let config = &options.config;
+        // With cachalot's own policy in the settings, the candidates' baseline is not the job's.
+        let applies = own == pytorch && config.max_split_size().is_none() && !config.expandable_segments();
+        let trace = snapshot.device_traces.get(options.device).map_or(&[][..], Vec::as_slice);
+        let requests = trace.iter().filter(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom));
+        let segment =
+            |size| allocation_size(round_size(size, config.roundup_power2_divisions()), config.large_segment_size());
+        let largest_segment = requests.map(|e| segment(e.size)).max().unwrap_or(0);
+        Unchanged { own: applies.then(|| own.to_owned()), largest_segment }
+    }
+
+    /// Whether `settings` are the job's own with only a `max_split_size_mb` that changes nothing.
+    fn by(&self, settings: &str) -> bool {
+        let Some(own) = &self.own else { return false };
+        if keys_changed(own, settings) != 1 {
+            return false;
+        }
+        let limit = AllocatorConfig::parse(settings).ok().and_then(|c| c.max_split_size());
+        limit.is_some_and(|limit| limit > self.largest_segment)
+    }
+}
+
 /// The trial with `empty_cache()` called just before the request: the trace gets a `snapshot`
 /// entry there, as a capture records one before each call, and the replay is told the
 /// program's calls. Where the job's calls were not known, the `empty_cache` calls its replay
@@ -512,4 +553,54 @@ fn with_empty_cache(
         snapshot: Some(replayed),
         entry: shifted(target.entry),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+
+    use super::*;
+    use cachalot_core::StreamId;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A limit above the largest segment the job's requests make is not replayed; one at or
+    /// below it, another key with it, or settings with a limit or pages of their own are.
+    #[test]
+    fn a_split_limit_above_every_segment_changes_nothing() {
+        let entry = |action, size| TraceEntry {
+            action,
+            addr: 0,
+            size,
+            stream: StreamId(0),
+            time_us: 0,
+            context: None,
+            annotation: None,
+        };
+        let snapshot = TorchSnapshot {
+            device_traces: vec![vec![entry(TraceAction::Alloc, 3 * MIB), entry(TraceAction::Oom, 30 * MIB + 1)]],
+            ..TorchSnapshot::default()
+        };
+        let unchanged = |own: &str| {
+            let options = ReplayOptions { config: AllocatorConfig::parse(own).unwrap(), ..replay_options() };
+            Unchanged::of(&snapshot, &options, own, own)
+        };
+        // The 30 MiB + 1 B request's segment is 32 MiB.
+        assert_eq!(unchanged("").largest_segment, 32 * MIB);
+        assert!(unchanged("").by("max_split_size_mb:48"));
+        assert!(!unchanged("").by("max_split_size_mb:32"));
+        assert!(!unchanged("").by("max_split_size_mb:64,roundup_power2_divisions:4"));
+        assert!(!unchanged("expandable_segments:True").by("expandable_segments:True,max_split_size_mb:64"));
+        assert!(!unchanged("max_split_size_mb:40").by("max_split_size_mb:64"));
+        let options = replay_options();
+        assert!(!Unchanged::of(&snapshot, &options, "policy:cachalot", "").by("max_split_size_mb:64"));
+    }
+
+    fn replay_options() -> ReplayOptions {
+        ReplayOptions::for_snapshot(
+            &TorchSnapshot { device_traces: vec![Vec::new()], ..TorchSnapshot::default() },
+            None,
+        )
+        .unwrap()
+    }
 }
