@@ -230,6 +230,31 @@ fn a_free_pending_on_another_stream() {
     assert!(fix.change == empty_cache || search.alternatives.iter().any(|f| f.change == empty_cache), "{search:?}");
 }
 
+/// Oversize blocks never stand in the way at the end of PyTorch 2.11's retry chain: a request
+/// the oversize rules keep from the cached 100 MiB blocks is served once the chain releases one
+/// (`release_available_cached_blocks`), though the device had no room when it came. `explain`
+/// at that request shows them among the classes when it came, and the release.
+#[test]
+fn oversize_blocks_are_released_before_they_could_cause_an_error() {
+    let device = 512 * MIB;
+    let (snapshot, options) = recorded(device, "max_split_size_mb:64", None, |a, _| {
+        let freed: Vec<_> = (0..3).map(|_| a.malloc(100 * MIB, S1).unwrap()).collect();
+        for block in freed {
+            a.free(block).unwrap();
+        }
+        let _rest = a.malloc(200 * MIB, S2).unwrap();
+        let _served = a.malloc(30 * MIB, S1).unwrap();
+    });
+    let last = snapshot.device_traces[0].len() - 1;
+    let how = ExplainOptions { at: At::Entry(last), ..ExplainOptions::default() };
+    let x = explain(&snapshot, &options, &how).unwrap();
+    assert!(!x.failed && x.matches_recording && x.main_cause.is_none(), "{x:#?}");
+    let oversize = x.when_asked.iter().find(|c| c.cause == Cause::Oversize).unwrap();
+    assert_eq!((oversize.bytes, oversize.blocks), (300 * MIB, 3), "{x:#?}");
+    assert_eq!((x.retry.released_segments, x.retry.released_bytes), (1, 100 * MIB), "{x:#?}");
+    assert!(x.memory.reserved + 30 * MIB > device, "no room for the request's segment when it came");
+}
+
 #[test]
 fn the_peak_and_an_entry_are_explained_as_served() {
     let (snapshot, options) = recorded(DEVICE, "", None, |a, _| {
