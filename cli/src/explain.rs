@@ -10,6 +10,7 @@ use cachalot_core::AllocatorConfig;
 use cachalot_core::error::format_size;
 use cachalot_trace::explain::{At, Cause, Change, ClassBytes, ExplainOptions, Explanation, explain};
 use cachalot_trace::replay::ReplayOptions;
+use cachalot_trace::snapshot::Snapshot;
 use cachalot_trace::snapshot::torch::{self, TorchSnapshot};
 
 use crate::failure::{Failure, Outcome};
@@ -76,9 +77,10 @@ fn read(args: &ExplainArgs) -> Result<(TorchSnapshot, ReplayOptions), Failure> {
     let (snapshot, expected) = match load(path)? {
         Input::Torch(snapshot) => (*snapshot, expected_for_device(path, args.device)?),
         Input::Cachalot(snapshot) => {
-            let torch =
-                torch::from_snapshot(&snapshot).with_context(|| format!("{}: allocator settings", path.display()))?;
-            (torch, None)
+            let (torch, mut options) =
+                of_cachalot(&snapshot).with_context(|| format!("{}: allocator settings", path.display()))?;
+            override_options(args, &mut options)?;
+            return Ok((torch, options));
         }
         Input::Ops(_) => {
             return Err(Failure::input(anyhow!("{}: an op file has no recorded trace to explain", path.display())));
@@ -86,6 +88,21 @@ fn read(args: &ExplainArgs) -> Result<(TorchSnapshot, ReplayOptions), Failure> {
     };
     let mut options = ReplayOptions::for_snapshot(&snapshot, expected.as_ref())
         .with_context(|| crate::input::settings_place(path, expected.is_some()))?;
+    override_options(args, &mut options)?;
+    Ok((snapshot, options))
+}
+
+/// A cachalot snapshot's trace, and the options it was recorded under: its settings, its
+/// device's memory and its memory fraction are in the file.
+pub fn of_cachalot(snapshot: &Snapshot) -> anyhow::Result<(TorchSnapshot, ReplayOptions)> {
+    let torch = torch::from_snapshot(snapshot)?;
+    let mut options = ReplayOptions::for_snapshot(&torch, None)?;
+    options.device_total = snapshot.device.total_memory;
+    options.memory_fraction = snapshot.memory_fraction;
+    Ok((torch, options))
+}
+
+fn override_options(args: &ExplainArgs, options: &mut ReplayOptions) -> Result<(), Failure> {
     if let Some(settings) = &args.config {
         options.config = AllocatorConfig::parse(settings).context("--config")?;
     }
@@ -96,7 +113,7 @@ fn read(args: &ExplainArgs) -> Result<(TorchSnapshot, ReplayOptions), Failure> {
         options.device_total = total;
     }
     options.device = args.device;
-    Ok((snapshot, options))
+    Ok(())
 }
 
 fn size(bytes: u64) -> String {
@@ -127,6 +144,60 @@ fn change_text(change: &Change) -> String {
     }
 }
 
+/// `main cause: ...` with its numbers, for a request that failed.
+fn cause_line(x: &Explanation) -> Option<String> {
+    let (r, m) = (&x.request, &x.memory);
+    let cause = x.main_cause?;
+    let detail = match cause {
+        Cause::LiveExceedsDevice => format!(
+            "{} live + {} asked > {} the device leaves this allocator",
+            size(m.allocated),
+            size(r.rounded),
+            size(m.device_total.saturating_sub(m.outside))
+        ),
+        Cause::FractionCap => format!(
+            "allowance {} with {} reserved; the device had {} free",
+            size(m.allowed.unwrap_or(0)),
+            size(m.reserved_after),
+            size(m.device_free_after)
+        ),
+        Cause::SegmentSize => {
+            format!("a segment of {} asked, {} of room", size(r.segment_size), size(x.retry.room_after))
+        }
+        _ => x
+            .after_retry
+            .first()
+            .map(|c| format!("{} in {} blocks, largest {}", size(c.bytes), c.blocks, size(c.largest_block)))
+            .unwrap_or_default(),
+    };
+    let pool =
+        if r.pool == "small" { cachalot_core::size::PoolKind::Small } else { cachalot_core::size::PoolKind::Large };
+    Some(format!("main cause: {} ({detail})", cause.describe(pool)))
+}
+
+/// The short answer where an out-of-memory error happens (`cachalot run`, `cachalot replay
+/// --oom-snapshot`): what failed and its main cause, from `explain` stopped at the request
+/// `at`, and `command`, the `cachalot explain` that searches for the fix and proves it by
+/// replay (a search of many replays, left to the user to start).
+pub fn at_error(snapshot: &TorchSnapshot, options: &ReplayOptions, at: At, command: &str) -> String {
+    let how = ExplainOptions { at, search_fix: false, stacks: 0 };
+    match explain(snapshot, options, &how) {
+        Ok(x) => {
+            let r = &x.request;
+            let what = format!("entry {}: {} asked ({} pool)", x.entry, size(r.size), r.pool);
+            let next = match x.main_cause {
+                Some(Cause::LiveExceedsDevice) => "no allocator setting helps; the stacks holding the live memory",
+                _ => "the fix, proven by replay",
+            };
+            match cause_line(&x) {
+                Some(line) => format!("out of memory at {what}\n  {line}\n  {next}: {command}\n"),
+                None => format!("out of memory at {what}: the replay serves it\n  more: {command}\n"),
+            }
+        }
+        Err(error) => format!("out of memory, not explained: {error}\n"),
+    }
+}
+
 /// The answer for people: what failed, the main cause and the fix in the first lines; then
 /// where the memory was, why the cached bytes could not serve it, the retry chain and the stacks.
 fn text(name: &str, x: &Explanation) -> String {
@@ -144,36 +215,9 @@ fn text(name: &str, x: &Explanation) -> String {
         r.pool,
         r.stream
     );
-    match x.main_cause {
-        Some(cause) => {
-            let detail = match cause {
-                Cause::LiveExceedsDevice => format!(
-                    "{} live + {} asked > {} the device leaves this allocator",
-                    size(m.allocated),
-                    size(r.rounded),
-                    size(m.device_total.saturating_sub(m.outside))
-                ),
-                Cause::FractionCap => format!(
-                    "allowance {} with {} reserved; the device had {} free",
-                    size(m.allowed.unwrap_or(0)),
-                    size(m.reserved_after),
-                    size(m.device_free_after)
-                ),
-                Cause::SegmentSize => {
-                    format!("a segment of {} asked, {} of room", size(r.segment_size), size(x.retry.room_after))
-                }
-                _ => x
-                    .after_retry
-                    .first()
-                    .map(|c| format!("{} in {} blocks, largest {}", size(c.bytes), c.blocks, size(c.largest_block)))
-                    .unwrap_or_default(),
-            };
-            let pool = if r.pool == "small" {
-                cachalot_core::size::PoolKind::Small
-            } else {
-                cachalot_core::size::PoolKind::Large
-            };
-            let _ = writeln!(out, "main cause: {} ({detail})", cause.describe(pool));
+    match cause_line(x) {
+        Some(line) => {
+            let _ = writeln!(out, "{line}");
         }
         None => {
             let from = if r.segment_size == 0 {

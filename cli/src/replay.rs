@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 use cachalot_core::{AllocatorConfig, CachingAllocator, DeviceAllocators, OomEvent, OomObserver, SimBackend};
 use cachalot_trace::Snapshot;
+use cachalot_trace::explain::At;
 use cachalot_trace::oom_snapshots::OomSnapshots;
 use cachalot_trace::replay::{ReplayOptions, ReplayOutcome, replay_observed, verify_against_recording};
 use cachalot_trace::snapshot::torch::TorchSnapshot;
@@ -51,7 +52,8 @@ pub struct ReplayArgs {
     #[arg(long, conflicts_with = "device")]
     pub all_devices: bool,
     /// At every out-of-memory error of the replay, write the allocator's snapshot as that error
-    /// left it to this directory (NAME.oom-N.json), through an OOM observer.
+    /// left it to this directory (NAME.oom-N.json), through an OOM observer; then print the
+    /// first error's main cause and the `cachalot explain` command that proves a fix.
     #[arg(long)]
     pub oom_snapshot: Option<PathBuf>,
     /// Write the replay's result: a cachalot snapshot (.json) or a PyTorch pickle (.pickle).
@@ -190,6 +192,17 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
     if let Some(out) = &args.out {
         write_result(out, &name, &outcome.allocator, path, snapshot)?;
     }
+    // Where the first error's snapshot was written, its short answer, and the command that
+    // explains it in full (the snapshot carries the device, settings and fraction replayed).
+    let explained = match (&dumps, &args.oom_snapshot, outcome.ooms.first()) {
+        (Some(dumps), Some(dir), Some(first)) if dumps.written() > 0 => {
+            let written = dir.join(format!("{name}.oom-1.json"));
+            let command = format!("cachalot explain {}", written.display());
+            Some(crate::explain::at_error(snapshot, &options, At::Entry(first.index), &command))
+        }
+        _ => None,
+    };
+    let explained = explained.as_deref().unwrap_or("");
     if !args.check {
         let a = &outcome.allocator;
         println!(
@@ -200,19 +213,22 @@ fn replay_snapshot(args: &ReplayArgs, path: &Path, snapshot: &TorchSnapshot) -> 
             a.memory_reserved(),
             a.stats().num_ooms
         );
+        print!("{explained}");
         warn_unchecked(&name, snapshot, &outcome, expected.as_ref());
         return Ok(true);
     }
-    match verify_against_recording(snapshot, &outcome, expected.as_ref()) {
+    let matched = match verify_against_recording(snapshot, &outcome, expected.as_ref()) {
         Ok(()) => {
             println!("MATCH {name}");
-            Ok(true)
+            true
         }
         Err(difference) => {
             println!("MISMATCH {name}: {difference}");
-            Ok(false)
+            false
         }
-    }
+    };
+    print!("{explained}");
+    Ok(matched)
 }
 
 /// `--all-devices`: replays every device trace at once and prints a line per device (with

@@ -1,7 +1,8 @@
 //! `cachalot run EXPERIMENT [--backend auto|cuda|wgpu|sim] [--device N] [--config STR] [--out FILE]`:
 //! runs an experiment of `cachalot-runtime` on a device, prints which device and why, the marks
 //! as the run reaches them, then losses, checks and the final `memory_summary()`, and with
-//! `--out` writes a snapshot the viewer opens and `cachalot compare` reads. Ctrl-C stops the run
+//! `--out` writes a snapshot the viewer opens and `cachalot compare` reads. At an out-of-memory
+//! error it prints `explain`'s short answer: the main cause and the command that proves a fix. Ctrl-C stops the run
 //! at its next operation and keeps the snapshot of what it did ([`crate::interrupt`]).
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use cachalot_runtime::stream::{TraceBatch, TraceSink};
 use cachalot_runtime::{
     Activation, BackendRequest, DeviceOptions, Experiment, MlpParams, RunResult, SweepParams, execute_watched, open,
 };
+use cachalot_trace::explain::At;
 use cachalot_trace::oom_snapshots::OomSnapshots;
 
 use crate::failure::{Failure, Outcome};
@@ -32,7 +34,8 @@ pub struct RunArgs {
     #[arg(long, global = true)]
     pub abbreviated: bool,
     /// At every out-of-memory error of the run, write the allocator's snapshot as that error left
-    /// it to this directory (EXPERIMENT.oom-N.json), through an OOM observer.
+    /// it to this directory (EXPERIMENT.oom-N.json), through an OOM observer (the command the
+    /// run prints at its first error then explains that file).
     #[arg(long, global = true)]
     pub oom_snapshot: Option<PathBuf>,
 }
@@ -381,6 +384,9 @@ pub fn run(args: &RunArgs) -> Outcome {
     if let (Some(dumps), Some(dir)) = (&dumps, &args.oom_snapshot) {
         println!("out-of-memory snapshots: {} in {}", dumps.written(), dir.display());
     }
+    if result.snapshot.stats.num_ooms > 0 {
+        println!("\n{}", explain_first_error(&result, name, args, dumps.as_ref()).trim_end());
+    }
 
     if let Some(error) = &record.error {
         return Err(Failure { status: 1, error: anyhow!("the experiment stopped: {error}") });
@@ -389,6 +395,21 @@ pub fn run(args: &RunArgs) -> Outcome {
         return Err(Failure { status: 1, error: anyhow!("a check failed") });
     }
     Ok(())
+}
+
+/// The short answer at the run's first out-of-memory error ([`crate::explain::at_error`]),
+/// read off the run's own trace, with the command that explains the file the run wrote.
+fn explain_first_error(result: &RunResult, name: &str, args: &RunArgs, dumps: Option<&OomSnapshots>) -> String {
+    let file = match (dumps.filter(|d| d.written() > 0), &args.oom_snapshot, &args.run.out) {
+        (Some(_), Some(dir), _) => dir.join(format!("{name}.oom-1.json")).display().to_string(),
+        (_, _, Some(out)) => out.display().to_string(),
+        _ => "FILE.json (run again with --out FILE.json to keep the run's snapshot)".to_owned(),
+    };
+    let command = format!("cachalot explain {file}");
+    match crate::explain::of_cachalot(&result.snapshot) {
+        Ok((trace, options)) => crate::explain::at_error(&trace, &options, At::FirstOom, &command),
+        Err(error) => format!("out of memory, not explained: the run's settings: {error}"),
+    }
 }
 
 /// After Ctrl-C: what the run did before it stopped, and the snapshot of that part.

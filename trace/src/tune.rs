@@ -48,7 +48,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay};
+use crate::replay::{ReplayError, ReplayOom, ReplayOptions, ReplayOutcome, replay_trial};
 use crate::snapshot::torch::TorchSnapshot;
 use cachalot_core::config::{AllocatorConfig, ConfigError};
 use cachalot_core::size::{MAX_REQUEST, MIB, ROUNDUP_INTERVALS, allocation_size};
@@ -371,7 +371,7 @@ fn measure(snapshot: &TorchSnapshot, options: &ReplayOptions, settings: &str) ->
         .map_err(|error| TuneError::Candidate { settings: settings.to_owned(), error })?;
     let options = ReplayOptions { config, ..options.clone() };
     let started = Instant::now();
-    let outcome = replay(snapshot, &options, |_, _| {})
+    let outcome = replay_trial(snapshot, &options, &|_| false)
         .map_err(|error| TuneError::Replay { settings: settings.to_owned(), error })?;
     Ok(Candidate::measured(settings, &outcome, started.elapsed().as_secs_f64()))
 }
@@ -410,6 +410,24 @@ impl CandidateSearch {
     /// (the fractions tried lie between its peak allocated and its peak reserved).
     pub fn new(snapshot: &TorchSnapshot, options: &ReplayOptions, baseline: &Candidate) -> Self {
         let space = SearchSpace::of(snapshot, options);
+        let singles = space.single_key_choices(baseline);
+        CandidateSearch { space, singles }
+    }
+
+    /// [`CandidateSearch::new`] for one request of `size` bytes (`explain`'s fix search): the
+    /// two-part `roundup_power2_divisions` tables are only those split just below the request's
+    /// interval (the request and the larger ones rounded apart from the smaller ones; at the
+    /// first interval, the request and the smaller ones apart from the larger), instead of at
+    /// every interval the trace has requests in. Those tables are most of the first pass (up to
+    /// twenty per interval), and one split elsewhere rounds the request as a single value of the
+    /// grid does, only the other requests differently.
+    pub fn for_request(snapshot: &TorchSnapshot, options: &ReplayOptions, baseline: &Candidate, size: u64) -> Self {
+        let mut space = SearchSpace::of(snapshot, options);
+        // The split is written at an interval that has requests: the last one below the
+        // request's (intervals without requests round nothing either way).
+        let interval = roundup_interval(size);
+        let split = space.intervals.range(..interval).next_back().copied().unwrap_or(interval);
+        space.table_splits = Some(BTreeSet::from([split]));
         let singles = space.single_key_choices(baseline);
         CandidateSearch { space, singles }
     }
@@ -457,6 +475,9 @@ struct SearchSpace {
     device_total: u64,
     /// Whether the job sets its own memory fraction (which overrides a configured one).
     own_fraction: bool,
+    /// The intervals a two-part roundup table may be split at, where not every interval with
+    /// requests ([`CandidateSearch::for_request`]).
+    table_splits: Option<BTreeSet<usize>>,
 }
 
 impl SearchSpace {
@@ -482,6 +503,7 @@ impl SearchSpace {
             intervals: requests.iter().map(|&size| roundup_interval(size)).collect(),
             device_total: options.device_total,
             own_fraction: options.memory_fraction.is_some(),
+            table_splits: None,
         }
     }
 
@@ -532,7 +554,8 @@ impl SearchSpace {
         }
         // A split after the last interval with requests would leave nothing above it.
         let last = self.intervals.last().copied().unwrap_or(0);
-        for &split in self.intervals.iter().filter(|&&i| i < last) {
+        let allowed = |split: &usize| self.table_splits.as_ref().is_none_or(|splits| splits.contains(split));
+        for &split in self.intervals.iter().filter(|&&i| i < last).filter(|i| allowed(i)) {
             for below in TABLE_DIVISIONS {
                 for above in TABLE_DIVISIONS.into_iter().filter(|&a| a != below) {
                     let mut table = [above; ROUNDUP_INTERVALS];
@@ -693,7 +716,24 @@ mod tests {
             intervals: BTreeSet::from([0, 2, 6]),
             device_total: 80 << 30,
             own_fraction: false,
+            table_splits: None,
         }
+    }
+
+    /// For one request, tables split only below its interval: the rest of the first pass is
+    /// tune's.
+    #[test]
+    fn a_requests_tables_split_next_to_it() {
+        let all = space().roundup_values();
+        let near = SearchSpace { table_splits: Some(BTreeSet::from([2])), ..space() }.roundup_values();
+        let tables = |values: &[Value]| -> BTreeSet<String> {
+            values.iter().flatten().filter(|v| v.contains('[')).cloned().collect()
+        };
+        assert!(tables(&near).iter().all(|t| t.contains(":[4:")), "{near:?}");
+        assert!(!tables(&near).is_empty() && tables(&near).is_subset(&tables(&all)));
+        assert!(tables(&all).iter().any(|t| t.contains(":[1:")));
+        let singles = |values: &[Value]| values.iter().filter(|v| !v[0].contains('[')).count();
+        assert_eq!(singles(&near), singles(&all));
     }
 
     fn measured(settings: &str, peak_reserved: u64, new_ooms: usize) -> Candidate {

@@ -5,11 +5,24 @@
 //! The rules are read off the allocator's configuration and the request as the allocator
 //! rounded it, so the classes say what the allocator's own best fit saw.
 //!
-//! Two classes are seen when the request comes but never survive a full release: oversize
-//! blocks (never split, so each is a whole segment, which the release gives back) and pending
-//! frees (the release synchronizes first). After a failed malloc the second shows again where
-//! it mattered: the completed free's block fits, but the retry asks the device for a new
-//! segment and does not search the free blocks again.
+//! Two classes are seen when the request comes but mostly not after the retry chain, where the
+//! main cause is read:
+//!
+//! - Oversize blocks are never split, so each is a whole segment. PyTorch 2.11's chain first
+//!   releases those of the request's stream (`release_available_cached_blocks`: one at least as
+//!   large as the request, else from the largest down until as many bytes are back), which
+//!   always makes room for the request's segment when there are enough of them, then releases
+//!   every whole free segment (`release_cached_blocks`). So an oversize block is left after a
+//!   failed malloc only where that full release is not made (allocations routed to a private
+//!   pool, by a graph capture or `use_mem_pool`; the other streams' blocks class first) or
+//!   cannot unmap it (an expandable segment's block on pages shared with live blocks). Elsewhere
+//!   the bytes went back to the device and the main cause is what still stood in the way:
+//!   oversize blocks then show only among the classes when the request came.
+//! - Pending frees are completed by the full release's synchronization. The class shows again
+//!   after a failed malloc where it mattered: the completed free's block fits, but the retry
+//!   asks the device for a new segment and does not search the free blocks again, so the
+//!   free's completing too late is the main cause (`empty_cache()` before the request, which
+//!   synchronizes first, lets the block serve it).
 
 use cachalot_core::config::AllocatorConfig;
 use cachalot_core::pool::PoolId;
@@ -35,7 +48,10 @@ pub enum Cause {
     /// Free blocks of the request's pool that belong to another stream.
     OtherStream,
     /// Free blocks kept whole by `max_split_size_mb`: large enough, but not split for a request
-    /// below the limit (or beyond `max_non_split_rounding_mb` of an oversize one).
+    /// below the limit (or beyond `max_non_split_rounding_mb` of an oversize one). The retry
+    /// chain gives these back before its last allocation but where allocations are routed to a
+    /// pool or an expandable segment's page is shared (see the module doc), so it is the main
+    /// cause only there.
     Oversize,
     /// Free blocks of the request's stream and pool, each smaller than the request
     /// (fragmentation: live blocks between them).

@@ -1,26 +1,33 @@
 //! The fix, proven: the whole trace replayed under candidate changes, in parallel, and the
 //! smallest change that lets the explained request and the rest of the job through.
 //!
-//! The candidates are `tune`'s ([`CandidateSearch`]: each searched key alone, then, only if
-//! none of those is enough, its combinations of the best values), cachalot's own policy, an
+//! The candidates are `tune`'s ([`CandidateSearch::for_request`]: each searched key alone, the
+//! two-part roundup tables only those split just below the request's size, then, only if none of
+//! those is enough, the combinations of the best values), cachalot's own policy, an
 //! `empty_cache()` call just before the request, and, where a memory fraction is set, the
 //! smallest fraction that holds the job's peak without one. A change lets the job through when
 //! its replay raises no out-of-memory error at the request or after it, and none anywhere that
 //! PyTorch's run did not raise. "Smallest" is the fewest keys changed, a setting PyTorch accepts
 //! before a call in the program before cachalot's own policy, then the lowest peak reserved.
 //!
+//! Each replay is a search's trial ([`replay_trial`]): no history, and a change's replay ends at
+//! its first error that keeps the job from going through (it cannot be the fix; the combination
+//! pass then ranks the failing values by how far the job got).
+//!
 //! Fractions below the job's own allowance (which `tune` tries, to save memory) are left out:
 //! a lower cap never serves a request the device or a higher cap refused.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use cachalot_core::config::AllocatorConfig;
+use cachalot_core::size::{allocation_size, round_size};
 use cachalot_core::trace::{TraceAction, TraceEntry};
 
 use super::ExplainError;
-use crate::replay::{CallKind, ProgramCall, ReplayOptions, ReplayOutcome, replay};
+use crate::replay::{CallKind, ProgramCall, ReplayOom, ReplayOptions, ReplayOutcome, replay, replay_trial};
 use crate::snapshot::torch::TorchSnapshot;
 use crate::tune::{
     Candidate, CandidateSearch, Objective, keys_changed, own_policy_settings, split_own_keys, with_entries,
@@ -113,6 +120,8 @@ pub(crate) struct Target {
     pub peaks: (u64, u64),
     /// Memory outside the allocator at the request (where a recorded error says).
     pub outside: u64,
+    /// The request's size as the allocator rounded it (which roundup tables are tried).
+    pub rounded: u64,
 }
 
 /// One replay to make.
@@ -138,7 +147,11 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
         .map(|trial| {
             let started = Instant::now();
             let replayed = trial.snapshot.as_ref().unwrap_or(snapshot);
-            let outcome = replay(replayed, &trial.options, |_, _| {})?;
+            // A change fails at its first error that keeps the job from going through; the
+            // replays of the job's own settings go on to the end (their inferred `empty_cache`
+            // calls and their peak are read).
+            let fails = |oom: &ReplayOom| trial.change.is_some() && !lets_through_at(oom, trial.entry);
+            let outcome = replay_trial(replayed, &trial.options, &fails)?;
             let candidate =
                 Candidate::measured(trial.options.config.settings(), &outcome, started.elapsed().as_secs_f64());
             Ok(Measured {
@@ -154,7 +167,13 @@ fn run(snapshot: &TorchSnapshot, trials: Vec<Trial>) -> Result<Vec<Measured>, Ex
 /// Whether the replay `outcome` of a change (from [`rehearse`]) lets the job through from the
 /// request at `entry` on: no out-of-memory error there or after, none PyTorch's run did not raise.
 pub fn lets_job_through(outcome: &ReplayOutcome, entry: usize) -> bool {
-    outcome.ooms.iter().all(|oom| oom.recorded && oom.index < entry)
+    outcome.ooms.iter().all(|oom| lets_through_at(oom, entry))
+}
+
+/// Whether the error `oom` of a change's replay leaves the job through from the request at
+/// `entry` on: one PyTorch raised too, before the request.
+fn lets_through_at(oom: &ReplayOom, entry: usize) -> bool {
+    oom.recorded && oom.index < entry
 }
 
 /// The job as the candidates replay it. At a recorded out-of-memory error the replay gives
@@ -174,6 +193,7 @@ struct Rehearsal {
 impl Rehearsal {
     fn new(snapshot: &TorchSnapshot, options: &ReplayOptions, target: &Target) -> Self {
         let trace = snapshot.device_traces.get(options.device).map_or(&[][..], Vec::as_slice);
+        let trace = &chain_completions_left_pending(trace, target.entry);
         let mut converted = Vec::with_capacity(trace.len());
         let mut moved = Vec::new();
         for (i, e) in trace.iter().enumerate() {
@@ -225,6 +245,33 @@ impl Rehearsal {
     }
 }
 
+/// `trace` with the deferred completions recorded by each failing malloc from `entry` on
+/// (those its retry chain's synchronization made) turned into `snapshot` marks put first in
+/// the malloc's entries, which keeps every index. As the explanation's stopped replay, the
+/// rehearsal then leaves those frees pending when the request comes: a change is not credited
+/// with a block that only the failing malloc's own synchronization freed (PyTorch's retry then
+/// asks the device for a new segment and never looks at it). They complete at the next
+/// synchronization (a full release, an `empty_cache`), as a replay that knows the program's
+/// calls treats a retry chain's completions.
+fn chain_completions_left_pending(trace: &[TraceEntry], entry: usize) -> Cow<'_, [TraceEntry]> {
+    let mut entries = Cow::Borrowed(trace);
+    for (i, e) in trace.iter().enumerate().skip(entry).filter(|(_, e)| e.action == TraceAction::Oom) {
+        let start = super::stop::malloc_start(trace, i);
+        if !trace[start..i].iter().any(|n| n.action == TraceAction::FreeCompleted) {
+            continue;
+        }
+        let run = &mut entries.to_mut()[start..i];
+        let marks = run.iter().filter(|n| n.action == TraceAction::FreeCompleted).count();
+        let rest: Vec<TraceEntry> = run.iter().filter(|n| n.action != TraceAction::FreeCompleted).copied().collect();
+        let mark =
+            TraceEntry { action: TraceAction::Snapshot, size: 0, addr: 0, context: None, annotation: None, ..*e };
+        for (slot, n) in run.iter_mut().zip(std::iter::repeat_n(mark, marks).chain(rest)) {
+            *slot = n;
+        }
+    }
+    entries
+}
+
 impl Rehearsal {
     /// The replay of `change` for the request `target`; `inferred` are the `empty_cache` calls
     /// the replay of the job's own settings inferred (for [`Change::EmptyCacheBefore`]).
@@ -262,6 +309,7 @@ pub fn rehearse(
         cut: super::stop::malloc_start(trace, x.entry.min(trace.len())),
         peaks: (0, 0),
         outside: x.memory.outside,
+        rounded: x.request.rounded,
     };
     let rehearsal = Rehearsal::new(snapshot, options, &target);
     let inferred = match change {
@@ -302,7 +350,7 @@ pub(crate) fn search(
         device_frees: 0,
         allocator_seconds: 0.0,
     };
-    let candidates = CandidateSearch::new(snapshot, &pytorch_options, &baseline);
+    let candidates = CandidateSearch::for_request(snapshot, &pytorch_options, &baseline, target.rounded);
     let first_pass = candidates.first_pass();
     let trial = |change: Change| rehearsal.trial(change, target, &[]);
 
@@ -312,8 +360,12 @@ pub(crate) fn search(
     // Each candidate as a change to the job's own settings (tune's set only the keys they vary).
     let mut tried = std::collections::BTreeSet::from([pytorch.clone()]);
     let as_change = |candidate: &str| with_entries(&pytorch, candidate);
+    let unchanged = Unchanged::of(snapshot, options, &own, &pytorch);
     for candidate in &first_pass {
         let settings = as_change(candidate);
+        if unchanged.by(&settings) {
+            continue;
+        }
         if !candidate.contains("per_process_memory_fraction:") && tried.insert(settings.clone()) {
             trials.push(trial(Change::Settings { settings: settings.clone() })?);
         }
@@ -411,6 +463,42 @@ pub(crate) fn search(
     })
 }
 
+/// What a `max_split_size_mb` added to the job's own settings cannot change: where those
+/// settings have no limit and no expandable segments, a limit above the largest segment they
+/// make for any request of the trace leaves every block below it, so no oversize rule ever
+/// applies and the oversize release finds nothing to release. The replay would be the job's
+/// own, which fails, so it is not made.
+struct Unchanged {
+    /// The job's own settings, where the rule applies to them.
+    own: Option<String>,
+    /// The largest segment those settings make for a request of the trace.
+    largest_segment: u64,
+}
+
+impl Unchanged {
+    fn of(snapshot: &TorchSnapshot, options: &ReplayOptions, own: &str, pytorch: &str) -> Self {
+        let config = &options.config;
+        // With cachalot's own policy in the settings, the candidates' baseline is not the job's.
+        let applies = own == pytorch && config.max_split_size().is_none() && !config.expandable_segments();
+        let trace = snapshot.device_traces.get(options.device).map_or(&[][..], Vec::as_slice);
+        let requests = trace.iter().filter(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom));
+        let segment =
+            |size| allocation_size(round_size(size, config.roundup_power2_divisions()), config.large_segment_size());
+        let largest_segment = requests.map(|e| segment(e.size)).max().unwrap_or(0);
+        Unchanged { own: applies.then(|| own.to_owned()), largest_segment }
+    }
+
+    /// Whether `settings` are the job's own with only a `max_split_size_mb` that changes nothing.
+    fn by(&self, settings: &str) -> bool {
+        let Some(own) = &self.own else { return false };
+        if keys_changed(own, settings) != 1 {
+            return false;
+        }
+        let limit = AllocatorConfig::parse(settings).ok().and_then(|c| c.max_split_size());
+        limit.is_some_and(|limit| limit > self.largest_segment)
+    }
+}
+
 /// The trial with `empty_cache()` called just before the request: the trace gets a `snapshot`
 /// entry there, as a capture records one before each call, and the replay is told the
 /// program's calls. Where the job's calls were not known, the `empty_cache` calls its replay
@@ -465,4 +553,54 @@ fn with_empty_cache(
         snapshot: Some(replayed),
         entry: shifted(target.entry),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+
+    use super::*;
+    use cachalot_core::StreamId;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A limit above the largest segment the job's requests make is not replayed; one at or
+    /// below it, another key with it, or settings with a limit or pages of their own are.
+    #[test]
+    fn a_split_limit_above_every_segment_changes_nothing() {
+        let entry = |action, size| TraceEntry {
+            action,
+            addr: 0,
+            size,
+            stream: StreamId(0),
+            time_us: 0,
+            context: None,
+            annotation: None,
+        };
+        let snapshot = TorchSnapshot {
+            device_traces: vec![vec![entry(TraceAction::Alloc, 3 * MIB), entry(TraceAction::Oom, 30 * MIB + 1)]],
+            ..TorchSnapshot::default()
+        };
+        let unchanged = |own: &str| {
+            let options = ReplayOptions { config: AllocatorConfig::parse(own).unwrap(), ..replay_options() };
+            Unchanged::of(&snapshot, &options, own, own)
+        };
+        // The 30 MiB + 1 B request's segment is 32 MiB.
+        assert_eq!(unchanged("").largest_segment, 32 * MIB);
+        assert!(unchanged("").by("max_split_size_mb:48"));
+        assert!(!unchanged("").by("max_split_size_mb:32"));
+        assert!(!unchanged("").by("max_split_size_mb:64,roundup_power2_divisions:4"));
+        assert!(!unchanged("expandable_segments:True").by("expandable_segments:True,max_split_size_mb:64"));
+        assert!(!unchanged("max_split_size_mb:40").by("max_split_size_mb:64"));
+        let options = replay_options();
+        assert!(!Unchanged::of(&snapshot, &options, "policy:cachalot", "").by("max_split_size_mb:64"));
+    }
+
+    fn replay_options() -> ReplayOptions {
+        ReplayOptions::for_snapshot(
+            &TorchSnapshot { device_traces: vec![Vec::new()], ..TorchSnapshot::default() },
+            None,
+        )
+        .unwrap()
+    }
 }

@@ -32,7 +32,7 @@ use cachalot_core::{BlockState, SegmentSnapshot};
 pub use causes::{Cause, ClassBytes};
 pub use fix::{Change, Fix, FixSearch};
 
-use crate::replay::{ReplayError, ReplayOptions, replay};
+use crate::replay::{ReplayError, ReplayOptions, replay_trial};
 use crate::snapshot::torch::TorchSnapshot;
 
 /// Which request to explain.
@@ -328,6 +328,7 @@ pub fn explain(
                 entry,
                 cut: stopped.cut,
                 outside: memory.outside,
+                rounded,
                 peaks: (stats.max_memory_allocated(), stats.max_memory_reserved()),
             };
             Some(fix::search(snapshot, options, &target)?)
@@ -416,7 +417,7 @@ fn first_oom(snapshot: &TorchSnapshot, options: &ReplayOptions, trace: &[TraceEn
         // user saw, and under the recorded options the replay raises no earlier one.
         return Ok(index);
     }
-    let outcome = replay(snapshot, options, |_, _| {})?;
+    let outcome = replay_trial(snapshot, options, &|_| true)?;
     outcome.ooms.first().map(|o| o.index).ok_or(ExplainError::NoOom { device: options.device, entries: trace.len() })
 }
 

@@ -54,6 +54,11 @@ pub(super) struct Interpreter<'a, S> {
     trial_copies: usize,
     /// The checkpoints of private pools taken so far, by the recording's numbers.
     checkpoints: PoolCheckpoints,
+    /// For a search's trial ([`super::replay_trial`]): the errors after which the rest of the
+    /// trace need not be replayed. `None` for a replay that reports everything.
+    stop: Option<&'a dyn Fn(&ReplayOom) -> bool>,
+    /// Whether `stop` said so at the last error.
+    stopped: bool,
 }
 
 impl<'a, S: CallSink> Interpreter<'a, S> {
@@ -65,6 +70,19 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         options: &'a ReplayOptions,
         observers: &[OomObserver<SimBackend>],
         sink: S,
+    ) -> Result<Self, ReplayError> {
+        Self::with_stop(snapshot, options, observers, sink, None)
+    }
+
+    /// [`Interpreter::new`] for a search's trial where `stop` is given: no history recorded and
+    /// no divergence worded (a trial reads only its errors and the allocator's stats), and the
+    /// replay ends at the first out-of-memory error `stop` answers `true` for.
+    pub(super) fn with_stop(
+        snapshot: &'a TorchSnapshot,
+        options: &'a ReplayOptions,
+        observers: &[OomObserver<SimBackend>],
+        sink: S,
+        stop: Option<&'a dyn Fn(&ReplayOom) -> bool>,
     ) -> Result<Self, ReplayError> {
         let device = options.device;
         let trace = snapshot
@@ -84,7 +102,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         if let Some(fraction) = options.memory_fraction {
             allocator.set_memory_fraction(fraction)?;
         }
-        allocator.record_history(true, usize::MAX, &[], false);
+        allocator.record_history(stop.is_none(), usize::MAX, &[], false);
         allocator.adopt_contexts(snapshot.contexts.clone());
         for observer in observers {
             allocator.attach_oom_observer(observer.clone());
@@ -105,6 +123,8 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
             completions_end: 0,
             trial_copies: 0,
             checkpoints: PoolCheckpoints::default(),
+            stop,
+            stopped: false,
         })
     }
 
@@ -114,7 +134,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         let trace = self.trace;
         let len = trace.len();
         let mut i = 0;
-        while let Some(e) = trace.get(i) {
+        while let Some(e) = trace.get(i).filter(|_| !self.stopped) {
             if i % 65_536 == 0 {
                 progress(i, len);
             }
@@ -152,8 +172,17 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         })
     }
 
-    fn diverged(&mut self, index: usize, message: String) {
+    /// Notes a divergence at `index`, worded by `message` unless this is a search's trial
+    /// (where wording one for each moved address would cost more than the malloc).
+    fn diverged(&mut self, index: usize, message: impl FnOnce() -> String) {
+        let message = if self.stop.is_some() { String::new() } else { message() };
         self.divergences.push(Divergence { index, message });
+    }
+
+    /// Records an out-of-memory error, and whether the replay stops at it.
+    fn raised(&mut self, oom: ReplayOom) {
+        self.stopped = self.stop.is_some_and(|stop| stop(&oom));
+        self.ooms.push(oom);
     }
 
     /// An `alloc`: the program's malloc, which must get the address PyTorch's got.
@@ -162,18 +191,18 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         match self.allocator.malloc(e.size, e.stream) {
             Ok(a) => {
                 if a.address() != e.addr {
-                    let message = format!("alloc of {} B got {:#x}, PyTorch got {:#x}", e.size, a.address(), e.addr);
-                    self.diverged(i, message);
+                    let got = a.address();
+                    self.diverged(i, || format!("alloc of {} B got {got:#x}, PyTorch got {:#x}", e.size, e.addr));
                 }
                 self.live.insert(e.addr, (a, i));
             }
             Err(error) => {
                 self.refused.insert(e.addr, i);
-                if let AllocatorError::OutOfMemory(oom) = &error {
-                    self.ooms.push(ReplayOom { index: i, message: oom.message.clone(), recorded: false });
-                }
                 self.alloc_failed = true;
-                self.diverged(i, format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size));
+                self.diverged(i, || format!("alloc of {} B failed where PyTorch's succeeded: {error}", e.size));
+                if let AllocatorError::OutOfMemory(oom) = error {
+                    self.raised(ReplayOom { index: i, message: oom.message, recorded: false });
+                }
             }
         }
         1
@@ -200,7 +229,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
             self.allocator.record_stream(&allocation, stream).map_err(ReplayError::Setup)?;
         }
         if let Err(error) = self.allocator.free(allocation) {
-            self.diverged(i, format!("free failed: {error}"));
+            self.diverged(i, || format!("free failed: {error}"));
         }
         Ok(1)
     }
@@ -281,13 +310,13 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
             // (the malloc's first step, or empty_cache's synchronization), so they are completed
             // before asking what the malloc would release.
             if let Err(error) = self.allocator.process_events() {
-                self.diverged(i, format!("event query failed: {error}"));
+                self.diverged(i, || format!("event query failed: {error}"));
             }
             if !released_by_next_malloc(&self.allocator, self.trace, i, run, &mut self.trial_copies) {
                 self.empty_cache_points.push(i);
                 self.sink.call(ReplayCall::EmptyCache { index: i });
                 if let Err(error) = self.allocator.empty_cache() {
-                    self.diverged(i, format!("empty_cache failed: {error}"));
+                    self.diverged(i, || format!("empty_cache failed: {error}"));
                 }
             }
         }
@@ -306,7 +335,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         if self.allocator.routed_pools().is_empty()
             && let Err(error) = self.allocator.process_events()
         {
-            self.diverged(i, format!("event query failed: {error}"));
+            self.diverged(i, || format!("event query failed: {error}"));
         }
         // The reservations a failing request makes are never mapped by it; the first one may be
         // by a later request, which shows its address.
@@ -318,11 +347,11 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
         self.allocator.backend_mut().set_reservations_unplanned(false);
         match result {
             Err(AllocatorError::OutOfMemory(oom)) => {
-                self.ooms.push(ReplayOom { index: i, message: oom.message, recorded: true })
+                self.raised(ReplayOom { index: i, message: oom.message, recorded: true })
             }
-            Err(other) => self.diverged(i, format!("expected OOM, got: {other}")),
+            Err(other) => self.diverged(i, || format!("expected OOM, got: {other}")),
             Ok(a) => {
-                self.diverged(i, format!("PyTorch ran out of memory for {} B, the replay did not", e.size));
+                self.diverged(i, || format!("PyTorch ran out of memory for {} B, the replay did not", e.size));
                 let _ = self.allocator.free(a);
             }
         }

@@ -282,6 +282,19 @@ pub fn replay_with_sink(
     Interpreter::new(snapshot, options, observers, sink)?.run(progress)
 }
 
+/// A replay for a search (`tune`'s candidates, `explain`'s fix): what it reports is the
+/// out-of-memory errors and the allocator's stats, so no history is recorded and no divergence
+/// worded, and the replay ends at the first error `stop` answers `true` for (the candidate has
+/// failed there; what the rest would do no longer matters). Its outcome's `divergences` have
+/// empty messages; its `entries` are the trace's.
+pub fn replay_trial(
+    snapshot: &TorchSnapshot,
+    options: &ReplayOptions,
+    stop: &dyn Fn(&ReplayOom) -> bool,
+) -> Result<ReplayOutcome, ReplayError> {
+    Interpreter::with_stop(snapshot, options, &[], NoCalls, Some(stop))?.run(|_, _| {})
+}
+
 /// Replays every device trace of `snapshot` at once, each on an allocator of its own (PyTorch
 /// keeps one per device, sharing nothing but the configuration), on a thread per device; the
 /// outcomes are by device index, ready for a [`cachalot_core::DeviceAllocators`]. `options` are
