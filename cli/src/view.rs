@@ -32,7 +32,8 @@ pub struct ViewArgs {
     /// Render headless into this PNG instead of opening a window.
     #[arg(long, global = true, value_name = "PNG")]
     pub screenshot: Option<PathBuf>,
-    /// Panel under the timeline: segments, memory, pools, stats, events or compare.
+    /// Panel under the timeline: segments, memory, pools, stats, events, compare, tune or
+    /// explain (the first out-of-memory error, with the fix search).
     #[arg(long, global = true, default_value = "segments")]
     pub view: String,
     /// Cursor position (entries applied) for the screenshot; default: the run's peak of

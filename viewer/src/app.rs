@@ -11,6 +11,7 @@
 
 use crate::dialogs::RunDialog;
 use crate::events;
+use crate::explain::{self, ExplainAction, ExplainState};
 use crate::live::{Experiment, LiveRun};
 use crate::loading::{self, Loaded, Loader};
 use crate::memory_timeline::{self, MemoryAction};
@@ -23,7 +24,7 @@ use crate::side_by_side::{self, SideBySideState};
 use crate::stats;
 use crate::style;
 use crate::tabs::{self, RunTab, View};
-use crate::timeline;
+use crate::timeline::{self, TimelinePick};
 use crate::tune::{self, TuneAction, TuneInput, TuneState};
 
 /// The viewer.
@@ -40,6 +41,8 @@ pub struct ViewerApp {
     pub notices: Vec<Notice>,
     /// The Tune tab.
     pub tune: TuneState,
+    /// The Explain tab.
+    pub explain: ExplainState,
     /// A candidate's replay being made, to show beside its trace in Compare once it is open:
     /// the trace's tab name and the replay's.
     tune_compare: Option<(String, String)>,
@@ -83,6 +86,7 @@ impl ViewerApp {
             side_by_side: SideBySideState::default(),
             notices: Vec::new(),
             tune: TuneState::default(),
+            explain: ExplainState::default(),
             tune_compare: None,
             #[cfg(not(target_arch = "wasm32"))]
             opened_paths: Vec::new(),
@@ -405,7 +409,12 @@ impl ViewerApp {
             .show(ui, |ui| {
                 moved = timeline::ui(ui, &mut tab.run, tab.cursor, &mut tab.timeline);
             });
-        if let Some(m) = moved {
+        if let Some(TimelinePick::Oom(_)) = moved {
+            // An OOM marker opens its answer.
+            self.view = View::Explain;
+            self.explain.focus(&tab.run.name);
+        }
+        if let Some(m) = moved.map(TimelinePick::cursor) {
             tab.cursor = m;
             if tab.run.live {
                 tab.timeline.follow = m == tab.run.end();
@@ -428,9 +437,11 @@ impl ViewerApp {
         let mut go = None;
         let mut memory_action = None;
         let mut tune_action = None;
+        let mut explain_action = None;
         #[cfg(not(target_arch = "wasm32"))]
         let opened_paths = &self.opened_paths;
         let tune_state = &mut self.tune;
+        let explain_state = &mut self.explain;
         egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
             ui,
             |ui| match self.view {
@@ -455,6 +466,13 @@ impl ViewerApp {
                     let input = || TuneInput::of(run, None);
                     tune_action = tune::ui(ui, run, input, tune_state);
                 }
+                View::Explain => {
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let input = || explain_input(run, opened_paths);
+                    #[cfg(target_arch = "wasm32")]
+                    let input = || TuneInput::of_trace(run, None);
+                    explain_action = explain::ui(ui, run, *cursor, input, explain_state);
+                }
             },
         );
         if let Some(g) = go {
@@ -469,9 +487,28 @@ impl ViewerApp {
             }
             None => {}
         }
+        if let Some(ExplainAction::MoveCursor(c)) = explain_action {
+            *cursor = c.min(run.end());
+            ui.ctx().request_repaint();
+        }
         if let Some(action) = tune_action {
             self.tune_action(action);
         }
+    }
+
+    /// Explains the request at the shown run's cursor, with the fix search, and waits for the
+    /// answer (headless pictures: `cachalot view TRACE --view explain --screenshot`). With
+    /// `at_first_oom`, the cursor first moves to the run's first out-of-memory error, if any.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn explain_shown_run(&mut self, at_first_oom: bool) {
+        let Some(tab) = self.tabs.get_mut(self.active) else { return };
+        if let Some(&first) = tab.run.markers.ooms.first()
+            && at_first_oom
+        {
+            tab.cursor = first as usize + 1;
+        }
+        let input = explain_input(&tab.run, &self.opened_paths);
+        self.explain.explain_now(&tab.run, tab.cursor, input, true);
     }
 
     /// Runs the Tune tab's search of the shown run to its end, on a worker thread waited for
@@ -587,11 +624,25 @@ impl eframe::App for ViewerApp {
 /// the `expected.json` beside that file (as `cachalot tune` reads it).
 #[cfg(not(target_arch = "wasm32"))]
 fn tune_input(run: &crate::model::Run, opened: &[(String, std::path::PathBuf)]) -> Result<TuneInput, String> {
+    TuneInput::of(run, expected_beside(run, opened)?.as_ref())
+}
+
+/// What the Explain tab needs for `run`: as [`tune_input`], for any run with a whole trace.
+#[cfg(not(target_arch = "wasm32"))]
+fn explain_input(run: &crate::model::Run, opened: &[(String, std::path::PathBuf)]) -> Result<TuneInput, String> {
+    TuneInput::of_trace(run, expected_beside(run, opened)?.as_ref())
+}
+
+/// The `expected.json` beside the file `run` came from, where it was opened by path.
+#[cfg(not(target_arch = "wasm32"))]
+fn expected_beside(
+    run: &crate::model::Run,
+    opened: &[(String, std::path::PathBuf)],
+) -> Result<Option<cachalot_trace::replay::ExpectedRun>, String> {
     // A pickle with several devices names its runs "NAME [device D]".
     let file = run.name.split(" [device ").next().unwrap_or(&run.name);
-    let expected = match opened.iter().rev().find(|(name, _)| name == file) {
-        Some((_, path)) => cachalot_trace::replay::ExpectedRun::beside(path)?,
-        None => None,
-    };
-    TuneInput::of(run, expected.as_ref())
+    match opened.iter().rev().find(|(name, _)| name == file) {
+        Some((_, path)) => cachalot_trace::replay::ExpectedRun::beside(path),
+        None => Ok(None),
+    }
 }

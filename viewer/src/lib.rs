@@ -17,6 +17,8 @@
 //!   `cachalot compare`'s analysis;
 //! - [`tune`]: the "Tune" tab, `cachalot tune`'s search of a PyTorch trace as a chart and a
 //!   ranking, each candidate's replay opened beside the trace in "Compare";
+//! - [`explain`]: the "Explain" tab, `cachalot explain` for the request at the cursor (why it
+//!   ran out of memory, and the fix proven by replay);
 //! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
@@ -35,6 +37,7 @@
 pub mod app;
 mod dialogs;
 pub mod events;
+pub mod explain;
 pub mod format;
 pub mod live;
 pub mod load;
