@@ -36,6 +36,11 @@ pub struct ViewArgs {
     /// explain (the first out-of-memory error, with the fix search).
     #[arg(long, global = true, default_value = "segments")]
     pub view: String,
+    /// Replay the first file (a PyTorch trace) under cachalot's own policy (policy:cachalot,
+    /// with the trace's other settings, memory fraction and device) and show the replay beside
+    /// the trace in Compare, with the peak reserved of each and their ratio.
+    #[arg(long, global = true)]
+    pub compare_policy: bool,
     /// Cursor position (entries applied) for the screenshot; default: the run's peak of
     /// allocated memory (a live run: its last entry).
     #[arg(long, global = true)]
@@ -270,6 +275,14 @@ pub fn run(args: &ViewArgs) -> Outcome {
     for file in &args.files {
         app.open_path(file);
     }
+    if args.compare_policy {
+        if args.files.is_empty() {
+            return Err(Failure::input(anyhow!("--compare-policy needs a PyTorch trace to replay")));
+        }
+        app.compare_policies_when_loaded();
+    }
+    // The comparison is shown in Compare.
+    let view = if args.compare_policy { View::SideBySide } else { view };
     if let (Some(live), Some(out)) = (&live, &args.screenshot) {
         app.view = view;
         return live_headless(app, live, args, size, view, out);

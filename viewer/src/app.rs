@@ -43,9 +43,12 @@ pub struct ViewerApp {
     pub tune: TuneState,
     /// The Explain tab.
     pub explain: ExplainState,
-    /// A candidate's replay being made, to show beside its trace in Compare once it is open:
-    /// the trace's tab name and the replay's.
-    tune_compare: Option<(String, String)>,
+    /// A replay being made (a Tune candidate's, or the trace's under `policy:cachalot`), to show
+    /// beside its trace in Compare once it is open: the trace's tab name and the replay's.
+    replay_compare: Option<(String, String)>,
+    /// Whether the first trace opened is to be replayed under cachalot's own policy and shown
+    /// beside itself once the files are loaded (`cachalot view TRACE --compare-policy`).
+    policy_comparison_queued: bool,
     /// The files opened by path, by the name their runs got: where the Tune tab finds a
     /// trace's `expected.json`.
     #[cfg(not(target_arch = "wasm32"))]
@@ -87,7 +90,8 @@ impl ViewerApp {
             notices: Vec::new(),
             tune: TuneState::default(),
             explain: ExplainState::default(),
-            tune_compare: None,
+            replay_compare: None,
+            policy_comparison_queued: false,
             #[cfg(not(target_arch = "wasm32"))]
             opened_paths: Vec::new(),
             loader: Loader::default(),
@@ -184,9 +188,54 @@ impl ViewerApp {
     /// Waits until every load has finished (for the command line and tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_loads(&mut self) {
-        for loaded in self.loader.wait() {
-            self.finish_load(loaded);
+        loop {
+            for loaded in self.loader.wait() {
+                self.finish_load(loaded);
+            }
+            if !self.start_queued_comparison() {
+                break;
+            }
         }
+        self.show_replay_comparison();
+    }
+
+    /// Replays the shown PyTorch trace under cachalot's own policy (`policy:cachalot`, with the
+    /// trace's other settings, memory fraction and device) off the UI path, and shows the replay
+    /// beside the trace in Compare, with both peaks and their ratio. A replay made before is
+    /// shown at once.
+    pub fn compare_policies(&mut self) {
+        let Some(tab) = self.active_tab() else { return };
+        #[cfg(not(target_arch = "wasm32"))]
+        let input = tune_input(&tab.run, &self.opened_paths);
+        #[cfg(target_arch = "wasm32")]
+        let input = TuneInput::of(&tab.run, None);
+        match input {
+            Ok(input) => {
+                let settings = cachalot_trace::tune::own_policy_settings(input.options.config.settings());
+                self.tune_action(TuneAction::Compare { settings, device_total: input.options.device_total });
+            }
+            Err(e) => self.notices.push(Notice::error(e)),
+        }
+    }
+
+    /// Asks for [`ViewerApp::compare_policies`] of the first run once the files given are
+    /// loaded (`cachalot view TRACE --compare-policy`).
+    pub fn compare_policies_when_loaded(&mut self) {
+        self.policy_comparison_queued = true;
+    }
+
+    /// Starts the queued comparison of policies once nothing loads; returns whether it did.
+    fn start_queued_comparison(&mut self) -> bool {
+        if !self.policy_comparison_queued || self.is_loading() {
+            return false;
+        }
+        self.policy_comparison_queued = false;
+        if self.tabs.is_empty() {
+            return false;
+        }
+        self.active = 0;
+        self.compare_policies();
+        self.is_loading()
     }
 
     /// Whether files are still loading.
@@ -248,7 +297,8 @@ impl ViewerApp {
         for message in self.loader.open_dropped(ctx) {
             self.notices.push(Notice::error(message));
         }
-        self.show_tune_comparison();
+        self.start_queued_comparison();
+        self.show_replay_comparison();
         if !self.loader.is_empty() || self.has_live_runs() {
             ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
@@ -307,6 +357,16 @@ impl ViewerApp {
                         .clicked()
                     {
                         self.replay_active();
+                    }
+                    if ui
+                        .add_enabled(replayable, egui::Button::new("Replay under policy:cachalot"))
+                        .on_hover_text(
+                            "replay this PyTorch trace under cachalot's own policy (policy:cachalot) and show it \
+                             beside the trace in Compare, with the peak reserved of each",
+                        )
+                        .clicked()
+                    {
+                        self.compare_policies();
                     }
                     self.live_buttons(ui);
                     ui.separator();
@@ -532,9 +592,9 @@ impl ViewerApp {
         let Some(tab) = self.tabs.get(self.active) else { return };
         let trace = tab.run.name.clone();
         let name = tune::replay_name(&trace, &settings);
-        self.tune_compare = Some((trace.clone(), name.clone()));
+        self.replay_compare = Some((trace.clone(), name.clone()));
         if self.tabs.iter().any(|t| t.run.name == name) {
-            self.show_tune_comparison();
+            self.show_replay_comparison();
             return;
         }
         #[cfg(not(target_arch = "wasm32"))]
@@ -552,19 +612,20 @@ impl ViewerApp {
         }
     }
 
-    /// Shows the candidate's replay asked for in the Tune tab beside its trace, once it is open.
-    fn show_tune_comparison(&mut self) {
-        let Some((trace, replay)) = &self.tune_compare else { return };
+    /// Shows the replay asked for (in the Tune tab, or of the trace under `policy:cachalot`)
+    /// beside its trace, once it is open.
+    fn show_replay_comparison(&mut self) {
+        let Some((trace, replay)) = &self.replay_compare else { return };
         let find = |name: &str| self.tabs.iter().position(|t| t.run.name == *name);
         if let (Some(a), Some(b)) = (find(trace), find(replay)) {
             self.side_by_side.a = a;
             self.side_by_side.b = b;
             self.active = a;
             self.view = View::SideBySide;
-            self.tune_compare = None;
+            self.replay_compare = None;
         } else if !self.is_loading() {
             // The replay failed (its notice says why) or a tab was closed.
-            self.tune_compare = None;
+            self.replay_compare = None;
         }
     }
 
