@@ -19,6 +19,7 @@ use crate::model::{Run, RunKind, Verification};
 use crate::notices::{self, Notice};
 use crate::peak_analysis;
 use crate::pools;
+use crate::ranks::{self, RanksState};
 use crate::segments;
 use crate::side_by_side::{self, SideBySideState};
 use crate::stats;
@@ -43,6 +44,8 @@ pub struct ViewerApp {
     pub tune: TuneState,
     /// The Explain tab.
     pub explain: ExplainState,
+    /// The Ranks tab.
+    pub ranks: RanksState,
     /// A replay being made (a Tune candidate's, or the trace's under `policy:cachalot`), to show
     /// beside its trace in Compare once it is open: the trace's tab name and the replay's.
     replay_compare: Option<(String, String)>,
@@ -90,6 +93,7 @@ impl ViewerApp {
             notices: Vec::new(),
             tune: TuneState::default(),
             explain: ExplainState::default(),
+            ranks: RanksState::default(),
             replay_compare: None,
             policy_comparison_queued: false,
             #[cfg(not(target_arch = "wasm32"))]
@@ -327,6 +331,10 @@ impl ViewerApp {
                 egui::CentralPanel::default()
                     .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
                     .show(ui, |ui| side_by_side::ui(ui, &mut self.tabs, &mut self.side_by_side));
+            } else if self.view == View::Ranks {
+                egui::CentralPanel::default()
+                    .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                    .show(ui, |ui| ranks::ui(ui, &self.tabs, &mut self.ranks));
             } else {
                 self.run_panels(ui);
             }
@@ -518,7 +526,7 @@ impl ViewerApp {
                 View::Pools => pools::ui(ui, state, run.recorded_end.as_deref(), pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
-                View::SideBySide => {}
+                View::SideBySide | View::Ranks => {}
                 View::Tune => {
                     #[cfg(not(target_arch = "wasm32"))]
                     let input = || tune_input(run, opened_paths);

@@ -35,11 +35,13 @@ pub enum View {
     Tune,
     /// Why the request at the cursor ran out of memory, and the fix ([`crate::explain`]).
     Explain,
+    /// The open runs as the ranks of one job, aligned by step ([`crate::ranks`]).
+    Ranks,
 }
 
 impl View {
     /// Every view, in tab order.
-    pub const ALL: [View; 8] = [
+    pub const ALL: [View; 9] = [
         View::Segments,
         View::Memory,
         View::Pools,
@@ -48,6 +50,7 @@ impl View {
         View::SideBySide,
         View::Tune,
         View::Explain,
+        View::Ranks,
     ];
 
     /// The tab's title.
@@ -61,6 +64,7 @@ impl View {
             View::SideBySide => "Compare",
             View::Tune => "Tune",
             View::Explain => "Explain",
+            View::Ranks => "Ranks",
         }
     }
 
