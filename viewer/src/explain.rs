@@ -32,12 +32,20 @@ pub enum ExplainAction {
     MoveCursor(usize),
 }
 
-/// One explanation asked for: the run, the request's entry, and whether with the fix search.
+/// One explanation asked for: the run (its name and trace length: a live run that ended is
+/// explained anew), the request's entry, and whether with the fix search.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Key {
     run: String,
+    entries: usize,
     entry: usize,
     fix: bool,
+}
+
+impl Key {
+    fn new(run: &Run, entry: usize, fix: bool) -> Self {
+        Key { run: run.name.clone(), entries: run.trace.len(), entry, fix }
+    }
 }
 
 /// An explanation being made.
@@ -92,9 +100,10 @@ impl ExplainState {
     }
 
     /// The answer for request `entry` of `run`, with the fix search where one was made.
-    pub fn answer(&self, run: &str, entry: usize) -> Option<&Result<Explanation, String>> {
+    pub fn answer(&self, run: &Run, entry: usize) -> Option<&Result<Explanation, String>> {
         let of = |fix: bool| {
-            self.answers.iter().rev().find(|(k, _)| k.run == run && k.entry == entry && k.fix == fix).map(|(_, a)| a)
+            let key = Key::new(run, entry, fix);
+            self.answers.iter().rev().find(|(k, _)| *k == key).map(|(_, a)| a)
         };
         of(true).or_else(|| of(false))
     }
@@ -141,7 +150,7 @@ impl ExplainState {
 
     /// Starts explaining request `entry` of `run` (with the fix search if `fix`).
     pub fn start(&mut self, run: &Run, entry: usize, fix: bool, input: Arc<TuneInput>, ctx: &egui::Context) {
-        let key = Key { run: run.name.clone(), entry, fix };
+        let key = Key::new(run, entry, fix);
         let started = web_time::Instant::now();
         #[cfg(not(target_arch = "wasm32"))]
         {
@@ -176,7 +185,7 @@ impl ExplainState {
                 self.start(run, entry, fix, input, &egui::Context::default());
                 self.wait();
             }
-            Err(e) => self.answers.push((Key { run: run.name.clone(), entry, fix }, Err(e))),
+            Err(e) => self.answers.push((Key::new(run, entry, fix), Err(e))),
         }
         self.shown = Some(run.name.clone());
     }
@@ -247,11 +256,11 @@ pub fn ui(
         );
         return action;
     };
-    let answer = state.answer(&run.name, entry).cloned();
+    let answer = state.answer(run, entry).cloned();
     if answer.is_none() && !state.is_running() {
         match state.input(run, input) {
             Ok(input) => state.start(run, entry, false, input, ui.ctx()),
-            Err(e) => state.answers.push((Key { run: run.name.clone(), entry, fix: false }, Err(e))),
+            Err(e) => state.answers.push((Key::new(run, entry, false), Err(e))),
         }
     }
     match answer {
@@ -266,7 +275,7 @@ pub fn ui(
                 if let Some(fix) = answer_ui(ui, &run.name, &x, state) {
                     match state.input(run, || Err(NO_RESULT.into())) {
                         Ok(input) => state.start(run, fix, true, input, ui.ctx()),
-                        Err(e) => state.answers.push((Key { run: run.name.clone(), entry, fix: true }, Err(e))),
+                        Err(e) => state.answers.push((Key::new(run, entry, true), Err(e))),
                     }
                 }
             });
