@@ -1,6 +1,7 @@
 //! `cachalot view [FILE...]`: the pool viewer. `--screenshot out.png` renders it headless
 //! (egui_kittest through wgpu, e.g. on Mesa's lavapipe) instead of opening a window;
 //! `--bench` measures opening a 3-million-entry trace and dragging the cursor across it.
+//! Several files open as the ranks of one job, aligned by step (the Ranks tab).
 //!
 //! `cachalot view --run EXPERIMENT [--backend ...] [experiment flags]` runs an experiment of
 //! `cachalot run` (same experiments, flags and device options) live in the window: its
@@ -32,9 +33,17 @@ pub struct ViewArgs {
     /// Render headless into this PNG instead of opening a window.
     #[arg(long, global = true, value_name = "PNG")]
     pub screenshot: Option<PathBuf>,
-    /// Panel under the timeline: segments, memory, pools, stats, events or compare.
-    #[arg(long, global = true, default_value = "segments")]
-    pub view: String,
+    /// Panel under the timeline: segments, memory, pools, stats, events, compare, tune,
+    /// explain (the first out-of-memory error, with the fix search) or ranks (the files as the
+    /// ranks of one job, aligned by step). Default: segments, or ranks when several files are
+    /// given.
+    #[arg(long, global = true)]
+    pub view: Option<String>,
+    /// Replay the first file (a PyTorch trace) under cachalot's own policy (policy:cachalot,
+    /// with the trace's other settings, memory fraction and device) and show the replay beside
+    /// the trace in Compare, with the peak reserved of each and their ratio.
+    #[arg(long, global = true)]
+    pub compare_policy: bool,
     /// Cursor position (entries applied) for the screenshot; default: the run's peak of
     /// allocated memory (a live run: its last entry).
     #[arg(long, global = true)]
@@ -255,10 +264,15 @@ pub fn run(args: &ViewArgs) -> Outcome {
         }
         return Ok(());
     }
-    let view = View::from_name(&args.view).ok_or_else(|| {
-        let names: Vec<String> = View::ALL.iter().map(|v| v.title().to_lowercase()).collect();
-        Failure::input(anyhow!("--view {}: expected one of {}", args.view, names.join(", ")))
-    })?;
+    let view = match &args.view {
+        Some(name) => View::from_name(name).ok_or_else(|| {
+            let names: Vec<String> = View::ALL.iter().map(|v| v.title().to_lowercase()).collect();
+            Failure::input(anyhow!("--view {name}: expected one of {}", names.join(", ")))
+        })?,
+        // Several files on the command line are most often the ranks of one job.
+        None if args.files.len() > 1 => View::Ranks,
+        None => View::Segments,
+    };
     let live = live_experiment(args).map_err(Failure::input)?;
     let device_options = args.run_options.device_options_unchecked().map_err(Failure::input)?;
     let mut app = ViewerApp::new();
@@ -269,6 +283,14 @@ pub fn run(args: &ViewArgs) -> Outcome {
     for file in &args.files {
         app.open_path(file);
     }
+    if args.compare_policy {
+        if args.files.is_empty() {
+            return Err(Failure::input(anyhow!("--compare-policy needs a PyTorch trace to replay")));
+        }
+        app.compare_policies_when_loaded();
+    }
+    // The comparison is shown in Compare.
+    let view = if args.compare_policy { View::SideBySide } else { view };
     if let (Some(live), Some(out)) = (&live, &args.screenshot) {
         app.view = view;
         return live_headless(app, live, args, size, view, out);

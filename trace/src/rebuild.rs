@@ -6,7 +6,9 @@
 //! it came from was split depends on the state. [`PoolState::apply`] applies each entry with
 //! PyTorch 2.11's rules, taken from `cachalot-core` (`round_size`, `should_split`, and the stat
 //! updates of [`MemoryStats`]'s `count_*` methods), plus the merging of free neighbours, so the
-//! state it rebuilds is the allocator's, block for block. Expandable segments are kept the way
+//! state it rebuilds is the allocator's, block for block. A trace made under cachalot's own
+//! policy (`policy:cachalot`) is rebuilt with that policy's rounding and splitting
+//! ([`Rules::policy`]). Expandable segments are kept the way
 //! `torch.cuda.memory_snapshot()` reports them: one segment per contiguous mapped range.
 //!
 //! # Why a second model beside the allocator
@@ -31,9 +33,9 @@
 
 use std::collections::BTreeMap;
 
-use cachalot_core::size::{PoolKind, RoundupDivisions, SMALL_BUFFER, SMALL_SIZE, round_size};
+use cachalot_core::size::{MIN_BLOCK_SIZE, PoolKind, RoundupDivisions, SMALL_BUFFER, SMALL_SIZE, round_size};
 use cachalot_core::{
-    AllocatorConfig, BlockState, ContextId, MemoryStats, SegmentSnapshot, StreamId, TraceAction, TraceEntry,
+    AllocatorConfig, BlockState, ContextId, MemoryStats, Policy, SegmentSnapshot, StreamId, TraceAction, TraceEntry,
 };
 
 /// "No trace entry" in the `event` fields.
@@ -53,6 +55,10 @@ pub struct Rules {
     /// Whether the garbage collector may run (a threshold and a memory fraction are set); used
     /// only to tell the retry chain's releases apart.
     pub gc_possible: bool,
+    /// The policy whose rounding and splitting the trace was made with: PyTorch's, or
+    /// cachalot's own (`policy:cachalot`: 512-byte rounding, every remainder of 512 B or more
+    /// split off, `docs/allocator-rules.md` §24).
+    pub policy: Policy,
 }
 
 impl Default for Rules {
@@ -70,21 +76,35 @@ impl Rules {
             expandable: config.expandable_segments(),
             large_segment_size: config.large_segment_size(),
             gc_possible: config.garbage_collection_threshold() > 0.0,
+            policy: config.policy(),
         }
     }
 
-    /// The block size PyTorch rounds a request of `size` bytes to.
+    /// The block size the policy rounds a request of `size` bytes to.
     pub fn round(&self, size: u64) -> u64 {
-        round_size(size, &self.divisions)
+        match self.policy {
+            Policy::PyTorch => round_size(size, &self.divisions),
+            Policy::Cachalot => size.max(1).div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE,
+        }
     }
 
     fn is_oversize(&self, size: u64) -> bool {
         size >= self.max_split
     }
 
-    /// `should_split` for a free block of `block_size` serving a rounded request.
-    fn should_split(&self, pool: PoolKind, block_size: u64, rounded: u64) -> bool {
-        cachalot_core::size::should_split(pool, self.expandable, self.max_split, block_size, rounded)
+    /// `should_split` for a free block of `block_size` serving a rounded request, in a segment
+    /// of mapped pages or not (`mapped`).
+    fn should_split(&self, pool: PoolKind, mapped: bool, block_size: u64, rounded: u64) -> bool {
+        match self.policy {
+            Policy::PyTorch => {
+                cachalot_core::size::should_split(pool, self.expandable, self.max_split, block_size, rounded)
+            }
+            // Every remainder that holds a block, except that oversize requests outside pages
+            // keep PyTorch's meaning of never splitting.
+            Policy::Cachalot => {
+                block_size.saturating_sub(rounded) >= MIN_BLOCK_SIZE && (mapped || rounded < self.max_split)
+            }
+        }
     }
 
     /// The pool of a new segment or mapping, when no allocation follows to tell.
@@ -446,7 +466,7 @@ impl PoolState {
         if free_size < rounded {
             return Err(format!("alloc of {} B at {:#x} into a free block of {free_size} B", e.size, e.addr));
         }
-        let split = rules.should_split(pool, free_size, rounded);
+        let split = rules.should_split(pool, expandable, free_size, rounded);
         let mut new_blocks = 0;
         if split
             && let (_, Some(tail)) =

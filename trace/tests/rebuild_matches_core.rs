@@ -304,3 +304,32 @@ fn a_trace_missing_its_start_is_rebuilt_backwards_to_the_allocators_state_at_the
     // The reference traces do hold blocks whose unsplit end the trace cannot show.
     assert!(unsplit_ends > 0);
 }
+
+/// A trace made under cachalot's own policy (`policy:cachalot`: 512-byte rounding, every
+/// remainder split, pages in both pools) is rebuilt to the allocator's end state too: each
+/// reference trace replayed under it, and the trace that replay recorded rebuilt with its rules.
+#[test]
+fn a_trace_made_under_cachalots_own_policy_is_rebuilt_to_the_allocators_end_state() {
+    for reference in references() {
+        let settings = cachalot_trace::tune::own_policy_settings(reference.options.config.settings());
+        let config = cachalot_core::AllocatorConfig::parse(&settings).unwrap();
+        let rules = Rules::from_config(&config);
+        assert_eq!(rules.policy, cachalot_core::Policy::Cachalot);
+        let options = ReplayOptions { config, ..reference.options.clone() };
+        let core = replay(&reference.snapshot, &options, |_, _| {}).unwrap().allocator;
+        let made = core.trace();
+        let mut rebuilt = PoolState::empty(&rules);
+        for i in 0..made.len() {
+            if let Err(anomaly) = rebuilt.apply_entry(&made, i, &rules) {
+                panic!("{} under {settings}: {anomaly:?}", reference.name);
+            }
+        }
+        if let Err(difference) = compare_segments(&core.snapshot(), &rebuilt, true, &HashSet::new()) {
+            panic!("{} under {settings}: {difference}", reference.name);
+        }
+        let current = |stats: &MemoryStats| {
+            (stats.allocated_bytes.all().current, stats.reserved_bytes.all().current, stats.allocated_bytes.all().peak)
+        };
+        assert_eq!(current(&rebuilt.stats), current(&core.stats()), "{} under {settings}", reference.name);
+    }
+}

@@ -11,6 +11,7 @@
 
 use crate::dialogs::RunDialog;
 use crate::events;
+use crate::explain::{self, ExplainAction, ExplainState};
 use crate::live::{Experiment, LiveRun};
 use crate::loading::{self, Loaded, Loader};
 use crate::memory_timeline::{self, MemoryAction};
@@ -18,12 +19,13 @@ use crate::model::{Run, RunKind, Verification};
 use crate::notices::{self, Notice};
 use crate::peak_analysis;
 use crate::pools;
+use crate::ranks::{self, RanksState};
 use crate::segments;
 use crate::side_by_side::{self, SideBySideState};
 use crate::stats;
 use crate::style;
 use crate::tabs::{self, RunTab, View};
-use crate::timeline;
+use crate::timeline::{self, TimelinePick};
 use crate::tune::{self, TuneAction, TuneInput, TuneState};
 
 /// The viewer.
@@ -40,9 +42,16 @@ pub struct ViewerApp {
     pub notices: Vec<Notice>,
     /// The Tune tab.
     pub tune: TuneState,
-    /// A candidate's replay being made, to show beside its trace in Compare once it is open:
-    /// the trace's tab name and the replay's.
-    tune_compare: Option<(String, String)>,
+    /// The Explain tab.
+    pub explain: ExplainState,
+    /// The Ranks tab.
+    pub ranks: RanksState,
+    /// A replay being made (a Tune candidate's, or the trace's under `policy:cachalot`), to show
+    /// beside its trace in Compare once it is open: the trace's tab name and the replay's.
+    replay_compare: Option<(String, String)>,
+    /// Whether the first trace opened is to be replayed under cachalot's own policy and shown
+    /// beside itself once the files are loaded (`cachalot view TRACE --compare-policy`).
+    policy_comparison_queued: bool,
     /// The files opened by path, by the name their runs got: where the Tune tab finds a
     /// trace's `expected.json`.
     #[cfg(not(target_arch = "wasm32"))]
@@ -83,7 +92,10 @@ impl ViewerApp {
             side_by_side: SideBySideState::default(),
             notices: Vec::new(),
             tune: TuneState::default(),
-            tune_compare: None,
+            explain: ExplainState::default(),
+            ranks: RanksState::default(),
+            replay_compare: None,
+            policy_comparison_queued: false,
             #[cfg(not(target_arch = "wasm32"))]
             opened_paths: Vec::new(),
             loader: Loader::default(),
@@ -180,9 +192,54 @@ impl ViewerApp {
     /// Waits until every load has finished (for the command line and tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_loads(&mut self) {
-        for loaded in self.loader.wait() {
-            self.finish_load(loaded);
+        loop {
+            for loaded in self.loader.wait() {
+                self.finish_load(loaded);
+            }
+            if !self.start_queued_comparison() {
+                break;
+            }
         }
+        self.show_replay_comparison();
+    }
+
+    /// Replays the shown PyTorch trace under cachalot's own policy (`policy:cachalot`, with the
+    /// trace's other settings, memory fraction and device) off the UI path, and shows the replay
+    /// beside the trace in Compare, with both peaks and their ratio. A replay made before is
+    /// shown at once.
+    pub fn compare_policies(&mut self) {
+        let Some(tab) = self.active_tab() else { return };
+        #[cfg(not(target_arch = "wasm32"))]
+        let input = tune_input(&tab.run, &self.opened_paths);
+        #[cfg(target_arch = "wasm32")]
+        let input = TuneInput::of(&tab.run, None);
+        match input {
+            Ok(input) => {
+                let settings = cachalot_trace::tune::own_policy_settings(input.options.config.settings());
+                self.tune_action(TuneAction::Compare { settings, device_total: input.options.device_total });
+            }
+            Err(e) => self.notices.push(Notice::error(e)),
+        }
+    }
+
+    /// Asks for [`ViewerApp::compare_policies`] of the first run once the files given are
+    /// loaded (`cachalot view TRACE --compare-policy`).
+    pub fn compare_policies_when_loaded(&mut self) {
+        self.policy_comparison_queued = true;
+    }
+
+    /// Starts the queued comparison of policies once nothing loads; returns whether it did.
+    fn start_queued_comparison(&mut self) -> bool {
+        if !self.policy_comparison_queued || self.is_loading() {
+            return false;
+        }
+        self.policy_comparison_queued = false;
+        if self.tabs.is_empty() {
+            return false;
+        }
+        self.active = 0;
+        self.compare_policies();
+        self.is_loading()
     }
 
     /// Whether files are still loading.
@@ -244,7 +301,8 @@ impl ViewerApp {
         for message in self.loader.open_dropped(ctx) {
             self.notices.push(Notice::error(message));
         }
-        self.show_tune_comparison();
+        self.start_queued_comparison();
+        self.show_replay_comparison();
         if !self.loader.is_empty() || self.has_live_runs() {
             ctx.request_repaint_after(std::time::Duration::from_millis(50));
         }
@@ -273,6 +331,10 @@ impl ViewerApp {
                 egui::CentralPanel::default()
                     .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
                     .show(ui, |ui| side_by_side::ui(ui, &mut self.tabs, &mut self.side_by_side));
+            } else if self.view == View::Ranks {
+                egui::CentralPanel::default()
+                    .frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style())))
+                    .show(ui, |ui| ranks::ui(ui, &self.tabs, &mut self.ranks));
             } else {
                 self.run_panels(ui);
             }
@@ -303,6 +365,16 @@ impl ViewerApp {
                         .clicked()
                     {
                         self.replay_active();
+                    }
+                    if ui
+                        .add_enabled(replayable, egui::Button::new("Replay under policy:cachalot"))
+                        .on_hover_text(
+                            "replay this PyTorch trace under cachalot's own policy (policy:cachalot) and show it \
+                             beside the trace in Compare, with the peak reserved of each",
+                        )
+                        .clicked()
+                    {
+                        self.compare_policies();
                     }
                     self.live_buttons(ui);
                     ui.separator();
@@ -405,7 +477,12 @@ impl ViewerApp {
             .show(ui, |ui| {
                 moved = timeline::ui(ui, &mut tab.run, tab.cursor, &mut tab.timeline);
             });
-        if let Some(m) = moved {
+        if let Some(TimelinePick::Oom(_)) = moved {
+            // An OOM marker opens its answer.
+            self.view = View::Explain;
+            self.explain.focus(&tab.run.name);
+        }
+        if let Some(m) = moved.map(TimelinePick::cursor) {
             tab.cursor = m;
             if tab.run.live {
                 tab.timeline.follow = m == tab.run.end();
@@ -428,9 +505,11 @@ impl ViewerApp {
         let mut go = None;
         let mut memory_action = None;
         let mut tune_action = None;
+        let mut explain_action = None;
         #[cfg(not(target_arch = "wasm32"))]
         let opened_paths = &self.opened_paths;
         let tune_state = &mut self.tune;
+        let explain_state = &mut self.explain;
         egui::CentralPanel::default().frame(style::panel_frame(ui, egui::Frame::central_panel(ui.style()))).show(
             ui,
             |ui| match self.view {
@@ -447,13 +526,20 @@ impl ViewerApp {
                 View::Pools => pools::ui(ui, state, run.recorded_end.as_deref(), pools_state),
                 View::Stats => stats::ui(ui, run, &state.stats, *cursor, stats_state),
                 View::Events => go = events::ui(ui, run, *cursor, events_state),
-                View::SideBySide => {}
+                View::SideBySide | View::Ranks => {}
                 View::Tune => {
                     #[cfg(not(target_arch = "wasm32"))]
                     let input = || tune_input(run, opened_paths);
                     #[cfg(target_arch = "wasm32")]
                     let input = || TuneInput::of(run, None);
                     tune_action = tune::ui(ui, run, input, tune_state);
+                }
+                View::Explain => {
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let input = || explain_input(run, opened_paths);
+                    #[cfg(target_arch = "wasm32")]
+                    let input = || TuneInput::of_trace(run, None);
+                    explain_action = explain::ui(ui, run, *cursor, input, explain_state);
                 }
             },
         );
@@ -469,9 +555,28 @@ impl ViewerApp {
             }
             None => {}
         }
+        if let Some(ExplainAction::MoveCursor(c)) = explain_action {
+            *cursor = c.min(run.end());
+            ui.ctx().request_repaint();
+        }
         if let Some(action) = tune_action {
             self.tune_action(action);
         }
+    }
+
+    /// Explains the request at the shown run's cursor, with the fix search, and waits for the
+    /// answer (headless pictures: `cachalot view TRACE --view explain --screenshot`). With
+    /// `at_first_oom`, the cursor first moves to the run's first out-of-memory error, if any.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn explain_shown_run(&mut self, at_first_oom: bool) {
+        let Some(tab) = self.tabs.get_mut(self.active) else { return };
+        if let Some(&first) = tab.run.markers.ooms.first()
+            && at_first_oom
+        {
+            tab.cursor = first as usize + 1;
+        }
+        let input = explain_input(&tab.run, &self.opened_paths);
+        self.explain.explain_now(&tab.run, tab.cursor, input, true);
     }
 
     /// Runs the Tune tab's search of the shown run to its end, on a worker thread waited for
@@ -495,9 +600,9 @@ impl ViewerApp {
         let Some(tab) = self.tabs.get(self.active) else { return };
         let trace = tab.run.name.clone();
         let name = tune::replay_name(&trace, &settings);
-        self.tune_compare = Some((trace.clone(), name.clone()));
+        self.replay_compare = Some((trace.clone(), name.clone()));
         if self.tabs.iter().any(|t| t.run.name == name) {
-            self.show_tune_comparison();
+            self.show_replay_comparison();
             return;
         }
         #[cfg(not(target_arch = "wasm32"))]
@@ -515,19 +620,20 @@ impl ViewerApp {
         }
     }
 
-    /// Shows the candidate's replay asked for in the Tune tab beside its trace, once it is open.
-    fn show_tune_comparison(&mut self) {
-        let Some((trace, replay)) = &self.tune_compare else { return };
+    /// Shows the replay asked for (in the Tune tab, or of the trace under `policy:cachalot`)
+    /// beside its trace, once it is open.
+    fn show_replay_comparison(&mut self) {
+        let Some((trace, replay)) = &self.replay_compare else { return };
         let find = |name: &str| self.tabs.iter().position(|t| t.run.name == *name);
         if let (Some(a), Some(b)) = (find(trace), find(replay)) {
             self.side_by_side.a = a;
             self.side_by_side.b = b;
             self.active = a;
             self.view = View::SideBySide;
-            self.tune_compare = None;
+            self.replay_compare = None;
         } else if !self.is_loading() {
             // The replay failed (its notice says why) or a tab was closed.
-            self.tune_compare = None;
+            self.replay_compare = None;
         }
     }
 
@@ -587,11 +693,25 @@ impl eframe::App for ViewerApp {
 /// the `expected.json` beside that file (as `cachalot tune` reads it).
 #[cfg(not(target_arch = "wasm32"))]
 fn tune_input(run: &crate::model::Run, opened: &[(String, std::path::PathBuf)]) -> Result<TuneInput, String> {
+    TuneInput::of(run, expected_beside(run, opened)?.as_ref())
+}
+
+/// What the Explain tab needs for `run`: as [`tune_input`], for any run with a whole trace.
+#[cfg(not(target_arch = "wasm32"))]
+fn explain_input(run: &crate::model::Run, opened: &[(String, std::path::PathBuf)]) -> Result<TuneInput, String> {
+    TuneInput::of_trace(run, expected_beside(run, opened)?.as_ref())
+}
+
+/// The `expected.json` beside the file `run` came from, where it was opened by path.
+#[cfg(not(target_arch = "wasm32"))]
+fn expected_beside(
+    run: &crate::model::Run,
+    opened: &[(String, std::path::PathBuf)],
+) -> Result<Option<cachalot_trace::replay::ExpectedRun>, String> {
     // A pickle with several devices names its runs "NAME [device D]".
     let file = run.name.split(" [device ").next().unwrap_or(&run.name);
-    let expected = match opened.iter().rev().find(|(name, _)| name == file) {
-        Some((_, path)) => cachalot_trace::replay::ExpectedRun::beside(path)?,
-        None => None,
-    };
-    TuneInput::of(run, expected.as_ref())
+    match opened.iter().rev().find(|(name, _)| name == file) {
+        Some((_, path)) => cachalot_trace::replay::ExpectedRun::beside(path),
+        None => Ok(None),
+    }
 }

@@ -17,6 +17,10 @@
 //!   `cachalot compare`'s analysis;
 //! - [`tune`]: the "Tune" tab, `cachalot tune`'s search of a PyTorch trace as a chart and a
 //!   ranking, each candidate's replay opened beside the trace in "Compare";
+//! - [`ranks`]: the "Ranks" tab, the ranks of one distributed job side by side, aligned by
+//!   step, and where they differ;
+//! - [`explain`]: the "Explain" tab, `cachalot explain` for the request at the cursor (why it
+//!   ran out of memory, and the fix proven by replay);
 //! - `loading` (files loaded off the UI path) and `dialogs` ("Run experiment", "Open files"),
 //!   both private to the app;
 //! - [`app`]: [`ViewerApp`], which holds all state and runs the frame;
@@ -35,6 +39,7 @@
 pub mod app;
 mod dialogs;
 pub mod events;
+pub mod explain;
 pub mod format;
 pub mod live;
 pub mod load;
@@ -44,6 +49,7 @@ pub mod model;
 pub mod notices;
 pub mod peak_analysis;
 pub mod pools;
+pub mod ranks;
 pub mod reasons;
 pub mod segments;
 pub mod side_by_side;

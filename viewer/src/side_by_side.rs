@@ -1,10 +1,13 @@
 //! Two runs side by side with linked cursors (the "Compare" tab): e.g. one experiment on CUDA
 //! and on wgpu, or PyTorch's recorded trace and cachalot's replay of it. Both timelines in one
-//! plot, the `memory_stats()` keys that differ at the cursors, both segment maps.
+//! plot, each run's peaks and B's over A's (a trace beside its replay under `policy:cachalot`:
+//! what cachalot's own policy would save), the `memory_stats()` keys that differ at the
+//! cursors, both segment maps.
 
 use egui_plot::{LineStyle, VLine};
 
 use crate::format;
+use crate::model::Run;
 use crate::segments::{self, SegmentMapState};
 use crate::style;
 use crate::tabs::RunTab;
@@ -102,6 +105,10 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
         state.b = (state.a + 1) % tabs.len();
     }
     let (a, b) = (state.a, state.b);
+    {
+        let (ra, rb) = two_mut(tabs, a, b);
+        peaks_ui(ui, &mut ra.run, &mut rb.run);
+    }
     crate::reasons::ui(ui, &tabs[a], &tabs[b], &mut state.reasons);
     let (end_a, end_b) = (tabs[a].run.end(), tabs[b].run.end());
     let mut cursor = tabs[a].cursor.min(end_a);
@@ -218,6 +225,80 @@ pub fn ui(ui: &mut egui::Ui, tabs: &mut [RunTab], state: &mut SideBySideState) {
     }
     if let Some(g) = go[1] {
         tabs[b].cursor = g;
+    }
+}
+
+/// The peaks of two runs and how B's compare with A's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Peaks {
+    /// `max_memory_reserved()` of A and B.
+    pub reserved: (u64, u64),
+    /// `max_memory_allocated()` of A and B.
+    pub allocated: (u64, u64),
+}
+
+impl Peaks {
+    /// The peaks of `a` and `b` over their whole runs.
+    pub fn of(a: &mut Run, b: &mut Run) -> Self {
+        Peaks { reserved: (a.reserved.max(), b.reserved.max()), allocated: (a.allocated.max(), b.allocated.max()) }
+    }
+
+    /// B's peak reserved over A's (`None` where A reserved nothing).
+    pub fn reserved_ratio(&self) -> Option<f64> {
+        ratio(self.reserved)
+    }
+
+    /// B's peak allocated over A's (`None` where A allocated nothing).
+    pub fn allocated_ratio(&self) -> Option<f64> {
+        ratio(self.allocated)
+    }
+}
+
+fn ratio((a, b): (u64, u64)) -> Option<f64> {
+    (a > 0).then(|| b as f64 / a as f64)
+}
+
+/// Whether `run` was made under cachalot's own policy.
+fn own_policy(run: &Run) -> bool {
+    run.settings.split(',').any(|entry| entry.trim() == cachalot_trace::tune::OWN_POLICY)
+}
+
+/// One line: each run's peak reserved and allocated and B's over A's; where one run is under
+/// cachalot's own policy, how its allocated bytes read.
+fn peaks_ui(ui: &mut egui::Ui, a: &mut Run, b: &mut Run) {
+    let peaks = Peaks::of(a, b);
+    let times = |r: Option<f64>| r.map_or("—".to_owned(), |r| format!("{r:.3}×"));
+    ui.horizontal_wrapped(|ui| {
+        ui.strong("peak reserved");
+        ui.label(format!("A {} · B {}", format::bytes(peaks.reserved.0), format::bytes(peaks.reserved.1)));
+        let ratio = peaks.reserved_ratio();
+        let color = match ratio {
+            Some(r) if r < 1.0 => style::series::RESERVED,
+            Some(r) if r > 1.0 => style::series::OOM,
+            _ => ui.visuals().text_color(),
+        };
+        ui.colored_label(color, format!("B / A {}", times(ratio)))
+            .on_hover_text(format!("{} B against {} B", peaks.reserved.1, peaks.reserved.0));
+        ui.separator();
+        ui.strong("peak allocated");
+        ui.label(format!(
+            "A {} · B {} · B / A {}",
+            format::bytes(peaks.allocated.0),
+            format::bytes(peaks.allocated.1),
+            times(peaks.allocated_ratio())
+        ));
+    });
+    for (name, run) in [("A", &*a), ("B", &*b)] {
+        if own_policy(run) {
+            ui.label(
+                egui::RichText::new(format!(
+                    "{name} runs under {}: {}",
+                    cachalot_trace::tune::OWN_POLICY,
+                    cachalot_trace::tune::OWN_POLICY_ALLOCATED
+                ))
+                .small(),
+            );
+        }
     }
 }
 

@@ -33,12 +33,25 @@ pub enum View {
     SideBySide,
     /// The settings a PyTorch trace needs ([`crate::tune`]).
     Tune,
+    /// Why the request at the cursor ran out of memory, and the fix ([`crate::explain`]).
+    Explain,
+    /// The open runs as the ranks of one job, aligned by step ([`crate::ranks`]).
+    Ranks,
 }
 
 impl View {
     /// Every view, in tab order.
-    pub const ALL: [View; 7] =
-        [View::Segments, View::Memory, View::Pools, View::Stats, View::Events, View::SideBySide, View::Tune];
+    pub const ALL: [View; 9] = [
+        View::Segments,
+        View::Memory,
+        View::Pools,
+        View::Stats,
+        View::Events,
+        View::SideBySide,
+        View::Tune,
+        View::Explain,
+        View::Ranks,
+    ];
 
     /// The tab's title.
     pub fn title(self) -> &'static str {
@@ -50,6 +63,8 @@ impl View {
             View::Events => "Events",
             View::SideBySide => "Compare",
             View::Tune => "Tune",
+            View::Explain => "Explain",
+            View::Ranks => "Ranks",
         }
     }
 

@@ -1,5 +1,6 @@
 //! The timeline: allocated, active and reserved bytes over the trace, OOM and `empty_cache`
-//! markers, and the cursor, which the user drags to any moment.
+//! markers, and the cursor, which the user drags to any moment. Clicking an OOM marker picks
+//! its error ([`TimelinePick::Oom`]), which the app explains.
 //!
 //! Bytes go up on a linear scale, or on a logarithmic one ([`Scale`]) where a run's labelled
 //! phases are of such different sizes that the small ones would be a flat line at the bottom
@@ -321,9 +322,44 @@ pub fn label_rows(spans: &[(f32, f32)], rows: usize, gap: f32) -> Vec<Option<usi
         .collect()
 }
 
-/// Shows the timeline of `run` with the cursor at `cursor`; returns the cursor the user
-/// dragged or clicked to, if any.
-pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineState) -> Option<usize> {
+/// What the user did on the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimelinePick {
+    /// Moved the cursor here (dragged, clicked, a button or a key).
+    Cursor(usize),
+    /// Clicked the marker of the out-of-memory error at this entry: the cursor goes just past
+    /// it, and the app explains it ([`crate::explain`]).
+    Oom(usize),
+}
+
+impl TimelinePick {
+    /// The cursor position picked.
+    pub fn cursor(self) -> usize {
+        match self {
+            TimelinePick::Cursor(c) => c,
+            TimelinePick::Oom(entry) => entry + 1,
+        }
+    }
+}
+
+/// Points either side of an OOM marker within which a click picks it.
+const OOM_PICK_POINTS: f32 = 4.0;
+
+/// The out-of-memory error whose marker (drawn at `entry + 1`) is nearest to the screen x
+/// `pointer` and within [`OOM_PICK_POINTS`] of it.
+fn oom_near(ooms: &[u32], transform: &egui_plot::PlotTransform, pointer: f32) -> Option<usize> {
+    let x_at = |m: u32| transform.position_from_point_x(f64::from(m) + 1.0);
+    let from = ooms.partition_point(|&m| x_at(m) < pointer - OOM_PICK_POINTS);
+    ooms[from..]
+        .iter()
+        .take_while(|&&m| x_at(m) <= pointer + OOM_PICK_POINTS)
+        .min_by(|&&a, &&b| (x_at(a) - pointer).abs().total_cmp(&(x_at(b) - pointer).abs()))
+        .map(|&m| m as usize)
+}
+
+/// Shows the timeline of `run` with the cursor at `cursor`; returns what the user picked: the
+/// cursor they dragged or clicked to, or an OOM marker they clicked.
+pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineState) -> Option<TimelinePick> {
     let end = run.end();
     let x_max = end.max(1) as f64;
     let highest = run.reserved.max().max(run.active.max()) as f64;
@@ -478,8 +514,16 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         plot_ui.vline(VLine::new("", cursor as f64).color(style::series::CURSOR).width(2.0));
         let response = plot_ui.response();
 
-        if response.dragged() || response.clicked() {
-            pointer_entry(plot_ui).map(|p| p.x.round().clamp(0.0, x_max) as usize)
+        let clicked_oom = if response.clicked() {
+            let pointer = plot_ui.ctx().input(|i| i.pointer.latest_pos());
+            pointer.and_then(|p| oom_near(&run.markers.ooms, plot_ui.transform(), p.x))
+        } else {
+            None
+        };
+        if let Some(entry) = clicked_oom {
+            Some(TimelinePick::Oom(entry))
+        } else if response.dragged() || response.clicked() {
+            pointer_entry(plot_ui).map(|p| TimelinePick::Cursor(p.x.round().clamp(0.0, x_max) as usize))
         } else {
             None
         }
@@ -491,9 +535,10 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
         state.label_rows = label_rows;
         ui.ctx().request_repaint();
     }
-    let picked = response.inner;
-    if let Some(x) = picked {
+    let mut picked = response.inner;
+    if let Some(TimelinePick::Cursor(x)) = picked {
         moved = Some(x.min(end));
+        picked = None;
     }
     let keys = ui.ctx().input(|i| {
         (
@@ -513,7 +558,8 @@ pub fn ui(ui: &mut egui::Ui, run: &mut Run, cursor: usize, state: &mut TimelineS
             _ => {}
         }
     }
-    moved.filter(|&m| m != cursor)
+    // An OOM marker is picked even where the cursor already stands on it: it opens the answer.
+    picked.or(moved.filter(|&m| m != cursor).map(TimelinePick::Cursor))
 }
 
 /// The plot's x coordinate under the pointer. (egui_plot's own `pointer_coordinate` subtracts

@@ -40,6 +40,15 @@ impl TuneInput {
         if !matches!(run.kind, RunKind::Torch { .. }) {
             return Err(format!("{} is not a PyTorch trace: tune replays PyTorch snapshot pickles", run.name));
         }
+        Self::of_trace(run, expected)
+    }
+
+    /// The input of any run with a whole recorded trace (a PyTorch pickle, a cachalot snapshot,
+    /// a replay): what `cachalot explain` replays, which reads cachalot snapshots too.
+    pub fn of_trace(run: &Run, expected: Option<&ExpectedRun>) -> Result<Self, String> {
+        if run.live {
+            return Err(format!("{} is still running: its trace is not whole yet", run.name));
+        }
         if run.trace.is_empty() {
             return Err(format!("{} has no trace to replay (record it with _record_memory_history)", run.name));
         }

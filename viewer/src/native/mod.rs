@@ -220,6 +220,10 @@ pub fn screenshot(app: ViewerApp, options: &ScreenshotOptions, out: &Path) -> Re
         // The picture of the Tune tab is of its search's result.
         app.tune_shown_run();
     }
+    if options.view == View::Explain {
+        // The picture of the Explain tab is of its whole answer, the fix search's included.
+        app.explain_shown_run(options.cursor.is_none());
+    }
     // A few frames: panels settle their sizes and the plot its bounds.
     harness.run_steps(4);
     let image = harness.render()?;
