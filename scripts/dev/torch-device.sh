@@ -48,7 +48,9 @@ export PYTHONPATH=$work/site
 {
 python3 -c 'import torch, sys, cachalot_torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0)); print(cachalot_torch.cuda_status(0))'
 start=$SECONDS
-python3 -c 'import cachalot_torch, torch; cachalot_torch.enable(); torch.zeros(1, device="cuda"); print("shim built and installed")'
+first=$(python3 -c 'import cachalot_torch, torch; cachalot_torch.enable(); torch.zeros(1, device="cuda"); print("shim built and installed")' 2>&1)
+echo "$first" | tail -3
+grep -q "shim built and installed" <<<"$first" || { echo "cachalot_torch.enable() fails here: stopping"; exit 1; }
 echo "first enable (builds the C++ shim): $((SECONDS - start)) s"
 
 parts=${1:-same features speed}
@@ -122,6 +124,8 @@ for job in $jobs_list; do [[ $job == compile* ]] && capture native "$job" "" >/d
 mkdir -p "$work/policy"
 batch native $jobs_list
 for job in $jobs_list; do
+    # Settings found before (carried in .dev-torch/best/JOB.conf) are not searched again.
+    [ -e "$here/best/$job.conf" ] && { cp "$here/best/$job.conf" "$work/policy/best-$job.conf"; continue; }
     "$here/cachalot" tune "$work/policy/native/$job.pickle" --json > "$work/policy/tune-$job.json" 2> "$work/policy/tune-$job.err"
     python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["winner"]["settings"])' "$work/policy/tune-$job.json" \
         > "$work/policy/best-$job.conf" 2>/dev/null || rm -f "$work/policy/best-$job.conf"
@@ -131,7 +135,6 @@ batch best $jobs_list
 batch cachalot $jobs_list
 batch policy $jobs_list
 batch native2 $jobs_list
-cp "$work"/policy/best-*.conf "$out/" 2>/dev/null
 python3 "$here/torch-policy.py" table "$work/policy" "$work/policy-speed" | tee "$out/policy.md"
 # The same runs as the proof set's: cachalot's exact policy against PyTorch's, PyTorch against itself.
 python3 "$here/torch-compare.py" "$work/policy/native" "$work/policy/cachalot" "$work/policy/native2" | tee "$out/jobs.md"
@@ -141,18 +144,31 @@ fi
 
 if has policy-speed; then
 echo "== policy-speed: step time, paired, on the four allocators"
-mkdir -p "$work/policy-speed" "$out/policy-speed"
+mkdir -p "$work/policy-speed"
 for job in ${JOBS:-$all_jobs}; do
     [[ $job == mempool ]] && continue  # no step that repeats
     conf=$(python3 "$here/torch-jobs.py" conf "$job")
-    best=$(cat "$work/policy/best-$job.conf" "$here/best/$job.conf" 2>/dev/null | head -1)
+    best=$(cat "$here/best/$job.conf" "$work/policy/best-$job.conf" 2>/dev/null | head -1)
     steps=4; [[ $job == multi_gib || $job == batch_search ]] && steps=2
     PYTORCH_CUDA_ALLOC_CONF=$conf BEST_CONF=${best:-$conf} timeout 240 python3 "$here/torch-policy.py" speed "$job" \
-        "$out/policy-speed/$job.jsonl" "${SPEED_ROUNDS:-12}" $steps 2> "$work/policy-speed-$job.err" | cut -c1-400
+        "$work/policy-speed/$job.jsonl" "${SPEED_ROUNDS:-12}" $steps 2> "$work/policy-speed-$job.err" | cut -c1-400
     echo "$job rc=$?"; grep -m3 "Error" "$work/policy-speed-$job.err"
 done
-cp "$out"/policy-speed/*.jsonl "$work/policy-speed/" 2>/dev/null
+tar -C "$work" -czf "$out/policy-speed.tar.gz" policy-speed
 [ -d "$work/policy" ] && python3 "$here/torch-policy.py" table "$work/policy" "$work/policy-speed" | tee "$out/policy.md"
+fi
+
+if has checkpoint; then
+echo "== checkpoint: a reduce-overhead graph tree restoring its pool (setCheckpointPoolState)"
+for mode in native cachalot; do
+    env $([[ $mode == cachalot ]] && echo CACHALOT=1) timeout 300 python3 "$here/torch-checkpoint-job.py" \
+        > "$work/checkpoint-$mode.log" 2>&1
+    echo "checkpoint job on $mode: rc=$?"; tail -4 "$work/checkpoint-$mode.log"
+done
+CAPTURE=$work/checkpoint timeout 300 python3 "$here/torch-checkpoint-job.py" > "$work/checkpoint-capture.log" 2>&1
+echo "checkpoint capture rc=$?: $(tail -1 "$work/checkpoint-capture.log")"
+"$here/cachalot" replay --check "$work/checkpoint/checkpoint_job.pickle" 2>&1 | tail -3
+tar -C "$work" -czf "$out/checkpoint.tar.gz" checkpoint checkpoint-native.log checkpoint-cachalot.log
 fi
 
 if has vmm; then

@@ -118,36 +118,57 @@ def speed(name, outfile, rounds, steps):
                    MASTER_PORT=str(29600 + MODES.index(mode)))
         procs[mode] = subprocess.Popen([sys.executable, __file__, "--worker", mode, name], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
-    for mode, proc in procs.items():
-        if read(proc, mode) != "ready":
+    # A worker other than PyTorch's two that fails (an OOM under a setting tuned to the proof
+    # run's peak, say) is left out from then on, and the summary says so.
+    failed = {}
+
+    def ask(mode, line):
+        try:
+            if line is not None:
+                procs[mode].stdin.write(line)
+                procs[mode].stdin.flush()
+            return read(procs[mode], mode)
+        except (RuntimeError, OSError) as e:
+            if mode in ("native", "native2"):
+                raise
+            failed[mode] = str(e)
+            procs[mode].kill()
+            return None
+    for mode in MODES:
+        if ask(mode, None) not in ("ready", None):
             raise RuntimeError(f"worker {mode} did not start")
     with open(outfile, "w") as out:
         per_round = []
         for r in range(rounds):
             blocks = {mode: [] for mode in MODES}
             for mode in ORDER:
-                procs[mode].stdin.write(f"{steps}\n")
-                procs[mode].stdin.flush()
-                blocks[mode].append(json.loads(read(procs[mode], mode)))
+                if mode not in failed and (reply := ask(mode, f"{steps}\n")) is not None:
+                    blocks[mode].append(json.loads(reply))
             per_round.append(blocks)
             out.write(json.dumps({"job": name, "round": r, "blocks": blocks}) + "\n")
-        for proc in procs.values():
-            proc.stdin.close()
+        for mode, proc in procs.items():
+            if mode not in failed:
+                proc.stdin.close()
             proc.wait()
-        summary = summarize(name, per_round, steps, native_conf, best_conf)
+        summary = summarize(name, [{m: r[m] for m in MODES if m not in failed} for r in per_round], steps,
+                            native_conf, best_conf)
+        summary["failed"] = failed
         out.write(json.dumps(summary) + "\n")
     print(json.dumps(summary))
 
 
 def summarize(name, per_round, steps, native_conf, best_conf):
-    median_step = {m: statistics.median(t for r in per_round for b in r[m] for t in b["times"]) for m in MODES}
-    per_block = [{m: statistics.median(t for b in r[m] for t in b["times"]) for m in MODES} for r in per_round]
+    modes = [m for m in MODES if m in per_round[0]]
+    median_step = {m: statistics.median(t for r in per_round for b in r[m] for t in b["times"]) for m in modes}
+    per_block = [{m: statistics.median(t for b in r[m] for t in b["times"]) for m in modes} for r in per_round]
     ratio = {}
-    for m in ("cachalot", "policy", "best", "native2"):
+    for m in modes:
+        if m == "native":
+            continue
         against = "native" if m == "native2" else None
         values = [b[m] / (b["native"] if against else (b["native"] + b["native2"]) / 2) for b in per_block]
         ratio[m] = spread(values)
-    calls = {m: sum(b["device_calls"] for r in per_round for b in r[m]) / (len(per_round) * 2 * steps) for m in MODES}
+    calls = {m: sum(b["device_calls"] for r in per_round for b in r[m]) / (len(per_round) * 2 * steps) for m in modes}
     return {"job": name, "summary": True, "rounds": len(per_round), "steps_per_block": steps, "conf": native_conf,
             "best_conf": best_conf, "median_step_s": median_step, "ratio": ratio, "device_calls_per_step": calls}
 
@@ -188,8 +209,10 @@ def table(captures, speed_dir):
         policy_alloc = (f"{runs['policy']['allocated_bytes.all.peak'] / native['allocated_bytes.all.peak']:.3f}"
                         if runs["policy"] else "—")
         if summary:
-            calls = " · ".join(f"{summary['device_calls_per_step'][m]:.2f}" for m in ("native", "best", "cachalot", "policy"))
-            times = " · ".join(f"{summary['ratio'][m][0]:.3f}" for m in ("best", "cachalot", "policy"))
+            calls = " · ".join(f"{summary['device_calls_per_step'][m]:.2f}" if m in summary["ratio"] or m == "native"
+                               else "failed" for m in ("native", "best", "cachalot", "policy"))
+            times = " · ".join(f"{summary['ratio'][m][0]:.3f}" if m in summary["ratio"] else "failed"
+                               for m in ("best", "cachalot", "policy"))
             times += f"; {summary['ratio']['native2'][0]:.3f} (PyTorch step {summary['median_step_s']['native'] * 1e3:.2f} ms)"
         else:
             calls = times = "not measured"

@@ -27,7 +27,8 @@ static double now_us() {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-static void pages(size_t total, size_t page) {
+static void pages(size_t whole, size_t page) {
+    size_t total = whole / page * page;  // whole pages only
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;

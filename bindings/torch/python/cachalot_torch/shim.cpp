@@ -36,6 +36,7 @@
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -146,6 +147,10 @@ void restore_sink(void* context, int allocated, void* ptr, size_t size, void* st
 // capture mode.
 std::atomic<int> routed_pools{0};
 
+// A block setCheckpointPoolState restored, which the next allocation on this thread returns
+// instead of allocating (see CachalotAllocator::setCheckpointPoolState).
+thread_local void* adopted_block = nullptr;
+
 class CachalotAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
  public:
   using Base = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
@@ -153,6 +158,9 @@ class CachalotAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPlugga
   CachalotAllocator(const Functions& f)
       : Base(
             [f](size_t size, int device, cudaStream_t stream) -> void* {
+              if (adopted_block != nullptr) {  // setCheckpointPoolState's restored block
+                return std::exchange(adopted_block, nullptr);
+              }
               void* ptr = nullptr;
               if (routed_pools.load(std::memory_order_relaxed) > 0) {
                 c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
@@ -293,16 +301,21 @@ class CachalotAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPlugga
     c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
     delta.ptrs_freed = restored.freed;
     delta.dataptrs_allocd.reserve(restored.allocated.size());
-    const std::lock_guard<std::mutex> lock(allocator_mutex_);
-    // Freed first: a pointer may be freed and handed out again.
-    for (void* ptr : restored.freed) {
-      allocation_metadata_.erase(ptr);
+    {
+      // Freed first: a pointer may be freed and handed out again.
+      const std::lock_guard<std::mutex> lock(allocator_mutex_);
+      for (void* ptr : restored.freed) {
+        allocation_metadata_.erase(ptr);
+      }
     }
     for (const auto& block : restored.allocated) {
-      allocation_metadata_[block.ptr] =
-          torch::cuda::CUDAPluggableAllocator::_AllocationMetadata(block.size, device, block.stream);
-      delta.dataptrs_allocd.emplace_back(
-          block.ptr, block.ptr, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
+      // The block is cachalot's already; Base::malloc records it (libtorch does not export
+      // _AllocationMetadata's constructors, so the shim cannot write the record itself) while
+      // the alloc function hands it over instead of allocating.
+      adopted_block = block.ptr;
+      void* ptr = Base::malloc(block.size, device, block.stream);
+      TORCH_CHECK(ptr == block.ptr, "cachalot_torch: setCheckpointPoolState: a restored block was not adopted");
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
   }
