@@ -446,7 +446,7 @@ impl<'a, S: CallSink> Interpreter<'a, S> {
                 Some((m, t)) => format!("replay {} {:#x} {} B, PyTorch {} {:#x} {} B", m.0, m.1, m.2, t.0, t.1, t.2),
                 None => format!("the replay made {} entries, PyTorch {}", mine.len(), theirs.len()),
             };
-            self.diverged(at, format!("a pool checkpoint's or restore's frees and allocations differ: {message}"));
+            self.diverged(at, || format!("a pool checkpoint's or restore's frees and allocations differ: {message}"));
         }
         if let Some(delta) = delta {
             for address in &delta.freed {
