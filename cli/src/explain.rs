@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow};
 use cachalot_core::AllocatorConfig;
 use cachalot_core::error::format_size;
-use cachalot_trace::explain::{At, Cause, Change, ClassBytes, ExplainOptions, Explanation, explain};
+use cachalot_trace::explain::{At, Cause, ClassBytes, ExplainOptions, Explanation, explain};
 use cachalot_trace::replay::ReplayOptions;
 use cachalot_trace::snapshot::Snapshot;
 use cachalot_trace::snapshot::torch::{self, TorchSnapshot};
@@ -133,48 +133,6 @@ fn class_line(c: &ClassBytes, pool: &str) -> String {
     )
 }
 
-fn change_text(change: &Change) -> String {
-    match change {
-        Change::Settings { settings } => format!("PYTORCH_CUDA_ALLOC_CONF={settings}"),
-        Change::OwnPolicy { settings } => format!("{settings} (cachalot as the allocator)"),
-        Change::EmptyCacheBefore { entry } => {
-            format!("torch.cuda.empty_cache() just before the request (entry {entry})")
-        }
-        Change::MemoryFraction { fraction } => format!("torch.cuda.set_per_process_memory_fraction({fraction})"),
-    }
-}
-
-/// `main cause: ...` with its numbers, for a request that failed.
-fn cause_line(x: &Explanation) -> Option<String> {
-    let (r, m) = (&x.request, &x.memory);
-    let cause = x.main_cause?;
-    let detail = match cause {
-        Cause::LiveExceedsDevice => format!(
-            "{} live + {} asked > {} the device leaves this allocator",
-            size(m.allocated),
-            size(r.rounded),
-            size(m.device_total.saturating_sub(m.outside))
-        ),
-        Cause::FractionCap => format!(
-            "allowance {} with {} reserved; the device had {} free",
-            size(m.allowed.unwrap_or(0)),
-            size(m.reserved_after),
-            size(m.device_free_after)
-        ),
-        Cause::SegmentSize => {
-            format!("a segment of {} asked, {} of room", size(r.segment_size), size(x.retry.room_after))
-        }
-        _ => x
-            .after_retry
-            .first()
-            .map(|c| format!("{} in {} blocks, largest {}", size(c.bytes), c.blocks, size(c.largest_block)))
-            .unwrap_or_default(),
-    };
-    let pool =
-        if r.pool == "small" { cachalot_core::size::PoolKind::Small } else { cachalot_core::size::PoolKind::Large };
-    Some(format!("main cause: {} ({detail})", cause.describe(pool)))
-}
-
 /// The short answer where an out-of-memory error happens (`cachalot run`, `cachalot replay
 /// --oom-snapshot`): what failed and its main cause, from `explain` stopped at the request
 /// `at`, and `command`, the `cachalot explain` that searches for the fix and proves it by
@@ -189,7 +147,7 @@ pub fn at_error(snapshot: &TorchSnapshot, options: &ReplayOptions, at: At, comma
                 Some(Cause::LiveExceedsDevice) => "no allocator setting helps; the stacks holding the live memory",
                 _ => "the fix, proven by replay",
             };
-            match cause_line(&x) {
+            match x.main_cause_line(size) {
                 Some(line) => format!("out of memory at {what}\n  {line}\n  {next}: {command}\n"),
                 None => format!("out of memory at {what}: the replay serves it\n  more: {command}\n"),
             }
@@ -215,7 +173,7 @@ fn text(name: &str, x: &Explanation) -> String {
         r.pool,
         r.stream
     );
-    match cause_line(x) {
+    match x.main_cause_line(size) {
         Some(line) => {
             let _ = writeln!(out, "{line}");
         }
@@ -242,7 +200,7 @@ fn text(name: &str, x: &Explanation) -> String {
                     "fix (proven by replaying the whole job, {} replays in {:.2} s): {}\n     the job then runs through, peak reserved {} (allocated {})",
                     search.replays,
                     search.seconds,
-                    change_text(&fix.change),
+                    &fix.change.to_string(),
                     size(fix.peak_reserved),
                     size(fix.peak_allocated)
                 );
@@ -337,7 +295,7 @@ fn text(name: &str, x: &Explanation) -> String {
     {
         let _ = writeln!(out, "\nother changes that let the job through:");
         for fix in &search.alternatives {
-            let _ = writeln!(out, "  {} (peak reserved {})", change_text(&fix.change), size(fix.peak_reserved));
+            let _ = writeln!(out, "  {} (peak reserved {})", &fix.change.to_string(), size(fix.peak_reserved));
         }
     }
     if !x.matches_recording {

@@ -12,7 +12,7 @@ command -v maturin >/dev/null || { echo "torch-build.sh: maturin is needed (pip 
 mkdir -p "$carry"
 rm -f "$carry"/cachalot_torch-*.whl
 (cd "$root/bindings/torch" && maturin build --release --strip -o "$carry")
-cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py,graph-probe.py,stacks.py,ddp.py,jobs.py,policy.py} \
+cp "$root"/scripts/dev/torch-{device.sh,proof.py,compare.py,speed.py,features.py,graph-probe.py,stacks.py,ddp.py,jobs.py,policy.py,checkpoint-job.py,oom-causes.py} \
     "$root"/scripts/dev/vmm-cost.cu "$carry/"
 # The command line, for `cachalot tune` of the jobs' captures there (torch-device.sh policy).
 cargo build --release --quiet -p cachalot-cli --manifest-path "$root/Cargo.toml"

@@ -7,6 +7,8 @@ eagerly.
     python3 scripts/dev/torch-checkpoint-job.py                # PyTorch's allocator
     CACHALOT=1 python3 scripts/dev/torch-checkpoint-job.py     # cachalot_torch.enable() first
     CAPTURE=OUTDIR python3 scripts/dev/torch-checkpoint-job.py # also writes capture.py's files
+    RESULT=FILE ...                                            # the result as JSON, for `compare`
+    python3 scripts/dev/torch-checkpoint-job.py compare A.json B.json   # the two runs bit for bit
 
 With CAPTURE, the run is recorded as capture.py records one (history with Python stacks), and
 OUTDIR/checkpoint_job.pickle and OUTDIR/checkpoint_job.expected.json are written, the latter with
@@ -30,9 +32,12 @@ Two phases, each of a few steps of gradient accumulation over two micro-batches:
 - shapes: the first micro-batch has 32 rows, the second 48 and 40 rows in turn;
 - train/eval: between the training forward and its backward, the model runs in eval mode under
   no_grad.
-The job fails unless the tree restored a checkpoint (its `debug_checkpointing_counter`) and every
-output and gradient matches eager within rounding. It prints the count and the allocator's
-memory_allocated/memory_reserved after each step.
+The job fails unless the tree restored a checkpoint in each phase (its
+`debug_checkpointing_counter`). It prints the count, the allocator's memory_allocated and
+memory_reserved after each step, and which values differ from eager; `compare` then checks that
+two runs (PyTorch's allocator and cachalot) computed every output and gradient bit for bit alike,
+restored as many checkpoints and marked the same bytes: a restore that handed back the wrong
+memory would change the values after it.
 """
 import copy
 import json
@@ -40,7 +45,16 @@ import os
 import pickle
 import sys
 
-import torch
+if sys.argv[1:2] == ["compare"]:
+    runs = [json.load(open(path)) for path in sys.argv[2:4]]
+    keys = ("checkpoints_restored", "marks", "digests")
+    differ = [k for k in keys if runs[0][k] != runs[1][k]]
+    print(f"checkpoint job, {runs[0]['allocator']} against {runs[1]['allocator']}: "
+          f"{len(runs[0]['digests'])} values, restores {runs[0]['checkpoints_restored']}: "
+          + ("equal" if not differ else f"differ in {', '.join(differ)}"))
+    sys.exit(1 if differ else 0)
+
+import torch  # noqa: E402
 
 if os.environ.get("CACHALOT") == "1":
     import cachalot_torch
@@ -78,8 +92,15 @@ compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
 marks = []
 
 
+digests = []  # (what, the compiled value's sum as float.hex, whether it matched eager)
+
+
 def check(what, got, want):
-    torch.testing.assert_close(got, want, **TOLERANCE, msg=lambda m: f"{what}: {m}")
+    """Records the compiled value (to compare allocators bit for bit: `compare` mode) and
+    whether it matched eager. PyTorch's own allocator does not match eager everywhere here
+    (gradients after a restore, 2.11 on an H200), so a mismatch is reported, not fatal."""
+    matched = torch.allclose(got, want, **TOLERANCE)
+    digests.append((what, float(got.double().sum().item()).hex(), matched))
 
 
 def forward(x, what):
@@ -165,9 +186,14 @@ if capture:
                    "device_total_bytes": torch.cuda.get_device_properties(0).total_memory,
                    "marks": marks, "memory_stats": dict(torch.cuda.memory_stats()),
                    "memory_summary": torch.cuda.memory_summary(), "calls": recorder.calls}, f, indent=1)
-print(json.dumps({"allocator": "cachalot" if os.environ.get("CACHALOT") == "1" else "pytorch",
-                  "checkpoints_restored": {"shapes": after_shapes, "train_eval": restored - after_shapes},
-                  "marks": marks}, indent=1))
+result = {"allocator": "cachalot" if os.environ.get("CACHALOT") == "1" else "pytorch",
+          "checkpoints_restored": {"shapes": after_shapes, "train_eval": restored - after_shapes},
+          "marks": marks, "digests": digests,
+          "unlike_eager": [what for what, _, matched in digests if not matched]}
+if os.environ.get("RESULT"):
+    with open(os.environ["RESULT"], "w") as f:
+        json.dump(result, f)
+print(json.dumps({k: v for k, v in result.items() if k != "digests"}))
 assert after_shapes > 0, "the shapes phase restored no checkpoint: the job no longer tests setCheckpointPoolState"
 assert restored > after_shapes, "the train/eval phase restored no checkpoint"
-print("ok: every output and gradient matched eager")
+print(f"ok: {len(digests)} outputs and gradients, {len(result['unlike_eager'])} unlike eager")

@@ -161,14 +161,22 @@ fi
 if has checkpoint; then
 echo "== checkpoint: a reduce-overhead graph tree restoring its pool (setCheckpointPoolState)"
 for mode in native cachalot; do
-    env $([[ $mode == cachalot ]] && echo CACHALOT=1) timeout 300 python3 "$here/torch-checkpoint-job.py" \
-        > "$work/checkpoint-$mode.log" 2>&1
-    echo "checkpoint job on $mode: rc=$?"; tail -4 "$work/checkpoint-$mode.log"
+    env $([[ $mode == cachalot ]] && echo CACHALOT=1) RESULT="$work/checkpoint-$mode.json" timeout 300 \
+        python3 "$here/torch-checkpoint-job.py" > "$work/checkpoint-$mode.log" 2>&1
+    echo "checkpoint job on $mode: rc=$?"; tail -2 "$work/checkpoint-$mode.log" | cut -c1-600
 done
+python3 "$here/torch-checkpoint-job.py" compare "$work/checkpoint-native.json" "$work/checkpoint-cachalot.json"
+echo "compare rc=$?"
 CAPTURE=$work/checkpoint timeout 300 python3 "$here/torch-checkpoint-job.py" > "$work/checkpoint-capture.log" 2>&1
 echo "checkpoint capture rc=$?: $(tail -1 "$work/checkpoint-capture.log")"
 "$here/cachalot" replay --check "$work/checkpoint/checkpoint_job.pickle" 2>&1 | tail -3
-tar -C "$work" -czf "$out/checkpoint.tar.gz" checkpoint checkpoint-native.log checkpoint-cachalot.log
+tar -C "$work" -czf "$out/checkpoint.tar.gz" checkpoint checkpoint-native.* checkpoint-cachalot.*
+fi
+
+if has oom; then
+echo "== oom: a PyTorch job per cause of torch-oom-causes.py, captured for cachalot explain (checked here with --check)"
+timeout 240 python3 "$here/torch-oom-causes.py" --jobs "$work/oom" 2>&1 | tail -12
+tar -C "$work" -czf "$out/oom.tar.gz" oom
 fi
 
 if has vmm; then

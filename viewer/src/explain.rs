@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use cachalot_core::size::PoolKind;
 use cachalot_core::trace::TraceAction;
-use cachalot_trace::explain::{At, Cause, Change, ClassBytes, ExplainOptions, Explanation, explain};
+use cachalot_trace::explain::{At, Cause, ClassBytes, ExplainOptions, Explanation, explain};
 
 use crate::format;
 use crate::model::Run;
@@ -308,51 +308,6 @@ fn navigation(ui: &mut egui::Ui, run: &Run, cursor: usize) -> Option<ExplainActi
     action
 }
 
-/// How a change reads: the line or call that makes it.
-pub fn change_text(change: &Change) -> String {
-    match change {
-        Change::Settings { settings } => format!("PYTORCH_CUDA_ALLOC_CONF={settings}"),
-        Change::OwnPolicy { settings } => format!("{settings} (cachalot as the allocator)"),
-        Change::EmptyCacheBefore { entry } => {
-            format!("torch.cuda.empty_cache() just before the request (entry {entry})")
-        }
-        Change::MemoryFraction { fraction } => format!("torch.cuda.set_per_process_memory_fraction({fraction})"),
-    }
-}
-
-fn pool_of(name: &str) -> PoolKind {
-    if name == "small" { PoolKind::Small } else { PoolKind::Large }
-}
-
-/// The main cause in words, with the figures that show it.
-pub fn main_cause_text(x: &Explanation) -> Option<String> {
-    let cause = x.main_cause?;
-    let (r, m) = (&x.request, &x.memory);
-    let detail = match cause {
-        Cause::LiveExceedsDevice => format!(
-            "{} live + {} asked > {} the device leaves this allocator",
-            format::bytes(m.allocated),
-            format::bytes(r.rounded),
-            format::bytes(m.device_total.saturating_sub(m.outside))
-        ),
-        Cause::FractionCap => format!(
-            "allowance {} with {} reserved; the device had {} free",
-            format::bytes(m.allowed.unwrap_or(0)),
-            format::bytes(m.reserved_after),
-            format::bytes(m.device_free_after)
-        ),
-        Cause::SegmentSize => format!(
-            "a segment of {} asked, {} of room",
-            format::bytes(r.segment_size),
-            format::bytes(x.retry.room_after)
-        ),
-        _ => x.after_retry.first().map_or_else(String::new, |c| {
-            format!("{} in {} blocks, largest {}", format::bytes(c.bytes), c.blocks, format::bytes(c.largest_block))
-        }),
-    };
-    Some(format!("main cause: {} ({detail})", cause.describe(pool_of(r.pool))))
-}
-
 /// The answer: the request, the cause and the fix first, then the detail. Returns the request
 /// whose fix search was asked for.
 fn answer_ui(ui: &mut egui::Ui, run: &str, x: &Explanation, state: &ExplainState) -> Option<usize> {
@@ -378,7 +333,7 @@ fn answer_ui(ui: &mut egui::Ui, run: &str, x: &Explanation, state: &ExplainState
             "⚠ the replay does not do here what the recording shows: the answer is the replay's",
         );
     }
-    match main_cause_text(x) {
+    match x.main_cause_line(format::bytes) {
         Some(text) => {
             ui.label(egui::RichText::new(text).strong());
         }
@@ -438,7 +393,7 @@ fn answer_ui(ui: &mut egui::Ui, run: &str, x: &Explanation, state: &ExplainState
         ));
     }
     ui.add_space(6.0);
-    let pool = pool_of(r.pool);
+    let pool = r.pool_kind();
     if x.failed {
         ui.strong("Why the cached bytes could not serve it, after the retry chain");
         classes(ui, "explain_after", &x.after_retry, pool, "nothing is cached: the chain gave everything back");
@@ -485,7 +440,7 @@ fn fix_ui(ui: &mut egui::Ui, x: &Explanation, state: &ExplainState, search: &mut
                         "fix (proven by replaying the whole job, {} replays in {:.2} s):",
                         found.replays, found.seconds
                     ));
-                    let line = change_text(&fix.change);
+                    let line = fix.change.to_string();
                     ui.label(egui::RichText::new(&line).monospace().color(style::series::RESERVED));
                     if ui.small_button("📋 Copy").on_hover_text("copy the change to the clipboard").clicked() {
                         ui.ctx().copy_text(line);
@@ -499,7 +454,7 @@ fn fix_ui(ui: &mut egui::Ui, x: &Explanation, state: &ExplainState, search: &mut
                 for alt in &found.alternatives {
                     ui.label(format!(
                         "  or {} (peak reserved {})",
-                        change_text(&alt.change),
+                        alt.change.to_string(),
                         format::bytes(alt.peak_reserved)
                     ));
                 }

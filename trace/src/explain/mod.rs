@@ -21,6 +21,7 @@
 pub mod causes;
 pub mod fix;
 mod stop;
+mod words;
 
 use rustc_hash::FxHashMap;
 
