@@ -53,10 +53,12 @@ marks = []
 memory_fraction = None  # set_per_process_memory_fraction's argument, where a job sets one
 
 
-def mark(label):
+def mark(label, message=None):
+    """memory_allocated/reserved now; `message`: the OOM error the job caught just before, which
+    `cachalot replay --check` compares with the replay's."""
     torch.cuda.synchronize()
     marks.append({"label": label, "allocated": torch.cuda.memory_allocated(),
-                  "reserved": torch.cuda.memory_reserved()})
+                  "reserved": torch.cuda.memory_reserved(), **({"message": message} if message else {})})
 
 
 class Job:
@@ -345,13 +347,13 @@ def batch_search(fraction=0.01, d=2048, layers=4):
     def fits(batch):
         try:
             train(batch, "")
-            ok = True
-        except torch.OutOfMemoryError:
-            ok = False
+            message = None
+        except torch.OutOfMemoryError as e:
+            message = str(e)
         gc.collect()  # the failed step's frames hold its tensors until collected
         empty_cache()  # as Lightning's garbage_collection_cuda() does after every try
-        mark(f"batch{batch}_{'fits' if ok else 'oom'}")
-        return ok
+        mark(f"batch{batch}_{'oom' if message else 'fits'}", message)
+        return message is None
     low, high = 0, 1024
     while fits(high):
         low, high = high, 2 * high

@@ -1,10 +1,13 @@
 //! The proof set of real PyTorch jobs (`scripts/dev/torch-jobs.py`: AMP with a grad scaler,
-//! activation checkpointing, a training step captured in a CUDA graph, torch.compile's
-//! `reduce-overhead` training and inference, cuDNN autotuning, MemPool, a ragged inference
-//! server, mixture-of-experts dispatch, FSDP2 on one rank), each captured with PyTorch 2.11's own
-//! allocator on an H200 (`testdata/conformance/jobs`): each must replay to exactly what PyTorch
-//! recorded (segment events, final segments, every `memory_stats()` key, `memory_summary()`), the
-//! private-pool calls made where the job listed them.
+//! activation checkpointing under expandable segments, a training step captured in a CUDA graph,
+//! torch.compile's `reduce-overhead` training and inference, cuDNN autotuning, MemPool, a ragged
+//! inference server under roundup_power2_divisions, mixture-of-experts dispatch, a convnet fed
+//! by pinned-memory prefetch on a side stream, a 64k-vocabulary head with GiB-sized logits under
+//! max_split_size_mb, FSDP2 on one rank), each captured with PyTorch 2.11's own allocator on an
+//! H200 (`testdata/conformance/jobs`): each must replay to exactly what PyTorch recorded (segment
+//! events, final segments, every `memory_stats()` key, `memory_summary()`), the private-pool
+//! calls made where the job listed them (MemPool, the graph capture, and the CUDA-graph trees of
+//! the compiled jobs, listed by `PoolCalls.graph_trees()`).
 
 #![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
 
@@ -18,8 +21,20 @@ mod common;
 fn every_job_of_the_proof_set_matches_pytorch() {
     let traces = common::pickles_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/conformance/jobs"));
     let names: Vec<String> = traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
-    let jobs =
-        ["amp_gpt", "checkpointing", "cudnn_autotune", "graph_step", "mempool", "moe", "ragged_server", "fsdp2_world1"];
+    let jobs = [
+        "amp_gpt",
+        "checkpointing",
+        "compile_ro_infer",
+        "compile_ro_train",
+        "cudnn_autotune",
+        "graph_step",
+        "mempool",
+        "moe",
+        "multi_gib",
+        "pinned_prefetch",
+        "ragged_server",
+        "fsdp2_world1",
+    ];
     for job in jobs {
         assert!(names.iter().any(|n| n == job), "testdata/conformance/jobs holds {job}: {names:?}");
     }
