@@ -19,7 +19,8 @@ use cachalot_trace::ops::OpFile;
 use cachalot_trace::ops::timing::{TIMED_REPLAYS, WARMUP_REPLAYS, format_line};
 
 use crate::failure::{Failure, Outcome};
-use crate::run::{AllocConf, parse_bytes};
+use crate::input::parse_bytes;
+use crate::run::AllocConf;
 
 /// Arguments of `cachalot bench`.
 #[derive(Clone, Debug, clap::Args)]

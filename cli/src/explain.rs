@@ -14,10 +14,10 @@ use cachalot_trace::snapshot::Snapshot;
 use cachalot_trace::snapshot::torch::{self, TorchSnapshot};
 
 use crate::failure::{Failure, Outcome};
+use crate::input::parse_bytes;
+use crate::input::trace_name;
 use crate::input::{Input, load};
-use crate::replay::trace_name;
 use crate::report::expected_for_device;
-use crate::run::parse_bytes;
 
 /// Arguments of `cachalot explain`.
 #[derive(Clone, Debug, clap::Args)]

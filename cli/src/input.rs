@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Result, bail};
+use cachalot_core::error::shorten;
 use cachalot_trace::Snapshot;
 use cachalot_trace::input::InputError;
 use cachalot_trace::ops::OpFile;
@@ -73,5 +74,38 @@ pub fn settings_place(trace: &Path, has_expected: bool) -> String {
             format!("{}: PYTORCH_CUDA_ALLOC_CONF", trace.with_file_name(format!("{stem}.expected.json")).display())
         }
         false => format!("{}: allocator_settings", trace.display()),
+    }
+}
+
+/// A trace's name: its file name without `.pickle`.
+pub fn trace_name(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_suffix(".pickle").unwrap_or(&name).to_owned()
+}
+
+/// Parses `4096`, `64MiB`, `4GiB`, `1.5GB` ([`cachalot_core::size::parse_bytes`]), with the
+/// command line's messages.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    use cachalot_core::size::ByteSizeError;
+    cachalot_core::size::parse_bytes(text).map_err(|e| match e {
+        ByteSizeError::NotANumber => format!("'{}' is not a size", shorten(text)),
+        ByteSizeError::UnknownUnit(unit) => format!("unknown unit '{}' in '{}'", shorten(&unit), shorten(text)),
+        ByteSizeError::TooLarge => format!("'{}' bytes is {e}", shorten(text)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("4 GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999999999999T").is_err());
+        assert!(parse_bytes("2000000000000000000000").is_err());
     }
 }

@@ -19,7 +19,7 @@ use cachalot_trace::snapshot::{FileFormat, pickle};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::failure::{Failure, Outcome};
-use crate::input::parse;
+use crate::input::{parse, trace_name};
 
 mod devices;
 use crate::report::expected_for_device;
@@ -357,12 +357,6 @@ fn warn_unchecked(
     if let Err(difference) = verify_against_recording(snapshot, outcome, expected) {
         eprintln!("cachalot: {name}: the replay differs from the recording (--check reports it): {difference}");
     }
-}
-
-/// A trace's name: its file name without `.pickle`.
-pub fn trace_name(path: &Path) -> String {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    name.strip_suffix(".pickle").unwrap_or(&name).to_owned()
 }
 
 fn options(

@@ -19,6 +19,7 @@ use cachalot_trace::explain::At;
 use cachalot_trace::oom_snapshots::OomSnapshots;
 
 use crate::failure::{Failure, Outcome};
+use crate::input::parse_bytes;
 use crate::interrupt;
 
 /// Arguments of `cachalot run`.
@@ -225,17 +226,6 @@ pub struct SweepArgs {
     /// Seed of the operands.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-}
-
-/// Parses `4096`, `64MiB`, `4GiB`, `1.5GB` ([`cachalot_core::size::parse_bytes`]), with the
-/// command line's messages.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    use cachalot_core::size::ByteSizeError;
-    cachalot_core::size::parse_bytes(text).map_err(|e| match e {
-        ByteSizeError::NotANumber => format!("'{}' is not a size", shorten(text)),
-        ByteSizeError::UnknownUnit(unit) => format!("unknown unit '{}' in '{}'", shorten(&unit), shorten(text)),
-        ByteSizeError::TooLarge => format!("'{}' bytes is {e}", shorten(text)),
-    })
 }
 
 /// `--out` must name a file in an existing folder: checked before the run, not after it.
@@ -503,16 +493,5 @@ mod tests {
         assert!(error.contains("'expandable_segments:maybe'") && error.contains("PYTORCH_CUDA_ALLOC_CONF"), "{error}");
         let ignored = AllocConf::from_sources(Some("x:1"), Some("expandable_segments:True")).unwrap();
         assert!(ignored.describe().contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not used"));
-    }
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes("4 GiB"), Ok(4 << 30));
-        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("99999999999999999999T").is_err());
-        assert!(parse_bytes("2000000000000000000000").is_err());
     }
 }

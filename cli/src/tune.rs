@@ -12,10 +12,10 @@ use cachalot_trace::replay::{ReplayOom, ReplayOptions};
 use cachalot_trace::tune::{Candidate, OWN_POLICY_ALLOCATED, Objective, Tuning, tune, tune_pytorch_settings};
 
 use crate::failure::{Failure, Outcome};
+use crate::input::parse_bytes;
+use crate::input::trace_name;
 use crate::input::{Input, load};
-use crate::replay::trace_name;
 use crate::report::expected_beside;
-use crate::run::parse_bytes;
 
 /// Arguments of `cachalot tune`.
 #[derive(Clone, Debug, clap::Args)]

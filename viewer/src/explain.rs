@@ -452,11 +452,7 @@ fn fix_ui(ui: &mut egui::Ui, x: &Explanation, state: &ExplainState, search: &mut
                     format::bytes(fix.peak_allocated)
                 ));
                 for alt in &found.alternatives {
-                    ui.label(format!(
-                        "  or {} (peak reserved {})",
-                        alt.change.to_string(),
-                        format::bytes(alt.peak_reserved)
-                    ));
+                    ui.label(format!("  or {} (peak reserved {})", alt.change, format::bytes(alt.peak_reserved)));
                 }
             }
             None if !found.own_settings_fail => {
