@@ -85,10 +85,17 @@ pub struct OutOfMemoryError {
     pub limit: Option<String>,
 }
 
+/// How the line begins that cachalot's PyTorch plug-in appends to PyTorch's out-of-memory
+/// message (the error's main cause); [`OutOfMemoryError::allocator_part`] leaves it out, as
+/// PyTorch's allocator writes no such line.
+pub const OOM_CAUSE_LINE: &str = "\ncachalot: ";
+
 impl OutOfMemoryError {
     /// The part of the message the allocator decides: everything but the device's free memory
-    /// and the per-process sentence, which come from the driver and NVML.
+    /// and the per-process sentence, which come from the driver and NVML, and cachalot's line
+    /// ([`OOM_CAUSE_LINE`]).
     pub fn allocator_part(message: &str) -> String {
+        let message = message.split(OOM_CAUSE_LINE).next().unwrap_or(message);
         // "... GPU 0 has a total capacity of X of which Y is free. [proc] [allowed; ]Of the ..."
         let Some(start) = message.find(" of which ") else { return message.to_owned() };
         let Some(rest) = message[start..].find("Of the allocated memory") else { return message.to_owned() };

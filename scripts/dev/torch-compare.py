@@ -18,7 +18,9 @@ import sys
 
 def allocator_part(message):
     """The OOM message without the device's free memory and NVML's per-process sentence, which
-    come from the driver, not the allocator (as cachalot-core's OutOfMemoryError::allocator_part)."""
+    come from the driver, not the allocator, and without the line cachalot_torch appends (its
+    main cause), as cachalot-core's OutOfMemoryError::allocator_part."""
+    message = message.split("\ncachalot: ")[0]
     start = message.find(" of which ")
     rest = message.find("Of the allocated memory")
     if start < 0 or rest < 0:

@@ -7,16 +7,18 @@
 //! `record_stream` find their block. Every failure is an error value naming what failed; the
 //! C ABI (`crate::abi`) turns them into a null pointer plus a message.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use cachalot_core::backend::Segments as _;
+use cachalot_core::error::{OOM_CAUSE_LINE, format_size};
 use cachalot_core::trace::TraceAction;
 use cachalot_core::{
     Allocation, AllocatorConfig, AllocatorError, CachingAllocator, ContextId, Frame, PoolCheckpoint, PoolFilter,
     PoolId, SimBackend, StreamId,
 };
+use cachalot_trace::explain::cause_at_error;
 use cachalot_trace::snapshot::pickle::write_snapshot;
 use cachalot_trace::snapshot::torch::{TorchAllocatorSettings, TorchSegment, TorchSnapshot};
 use rustc_hash::FxHashMap;
@@ -310,17 +312,24 @@ impl Registry {
                     state.live.insert(allocation.address(), allocation);
                     Ok(allocation.address())
                 }
-                Err(error) => Err(error),
+                Err(AllocatorError::OutOfMemory(oom)) => {
+                    // While the allocator is as the error left it.
+                    let cause = cause_at_error(&state.allocator, &oom, stream, format_size);
+                    Err((AllocatorError::OutOfMemory(oom), Some(cause)))
+                }
+                Err(error) => Err((error, None)),
             }
         };
         match result {
             Ok(address) => Ok(address),
-            Err(AllocatorError::OutOfMemory(oom)) => {
+            Err((AllocatorError::OutOfMemory(oom), cause)) => {
                 // Outside the device lock: the snapshot takes every device's lock in turn.
-                self.write_oom_snapshot();
-                Err(Failure::OutOfMemory(oom.message))
+                let snapshot = self.write_oom_snapshot();
+                Err(Failure::OutOfMemory(oom_message(&oom.message, cause.as_deref(), snapshot.as_deref())))
             }
-            Err(other) => Err(Failure::Error(format!("allocation of {size} bytes on device {device} failed: {other}"))),
+            Err((other, _)) => {
+                Err(Failure::Error(format!("allocation of {size} bytes on device {device} failed: {other}")))
+            }
         }
     }
 
@@ -583,18 +592,41 @@ impl Registry {
         write_snapshot(&self.snapshot(include_traces)).map_err(|e| Failure::Error(format!("snapshot pickle: {e}")))
     }
 
-    fn write_oom_snapshot(&self) {
-        let Some(path) = self.settings().oom_snapshot else { return };
+    /// Writes the snapshot `snapshot_on_oom` asks for; its path where it was written.
+    fn write_oom_snapshot(&self) -> Option<PathBuf> {
+        let path = self.settings().oom_snapshot?;
         let written = self
             .snapshot_pickle(true)
             .and_then(|bytes| std::fs::write(&path, bytes).map_err(|e| Failure::Error(e.to_string())));
         match written {
-            Ok(()) => eprintln!("cachalot_torch: out of memory; snapshot written to {}", path.display()),
+            Ok(()) => {
+                eprintln!("cachalot_torch: out of memory; snapshot written to {}", path.display());
+                Some(path)
+            }
             Err(e) => {
-                eprintln!("cachalot_torch: out of memory; the snapshot to {} failed: {}", path.display(), e.message())
+                eprintln!("cachalot_torch: out of memory; the snapshot to {} failed: {}", path.display(), e.message());
+                None
             }
         }
     }
+}
+
+/// PyTorch's out-of-memory message, then cachalot's line: the main cause, and where the fix is
+/// found (`cachalot explain` of the snapshot, replaying the job's history under candidate
+/// changes).
+fn oom_message(message: &str, cause: Option<&str>, snapshot: Option<&Path>) -> String {
+    let Some(cause) = cause else { return message.to_owned() };
+    let next = match snapshot {
+        Some(path) => format!(
+            "`cachalot explain {}` finds the smallest fix and proves it by replaying the job (the history \
+             torch.cuda.memory._record_memory_history recorded)",
+            path.display()
+        ),
+        None => "cachalot_torch.enable(snapshot_on_oom=PATH) writes a snapshot in which `cachalot explain` finds the \
+                 fix"
+        .to_owned(),
+    };
+    format!("{message}{OOM_CAUSE_LINE}{cause}. {next}.")
 }
 
 #[cfg(test)]
@@ -608,6 +640,30 @@ mod tests {
             device: DeviceKind::Simulator { capacity: 8 << 30 },
             ..Settings::default()
         })
+    }
+
+    /// PyTorch's message, then one line with the main cause (here the memory fraction, with the
+    /// device's free memory beside it) and where the fix is found; without the line the message
+    /// is PyTorch's.
+    #[test]
+    fn an_out_of_memory_error_ends_with_its_main_cause() {
+        let registry = simulated("");
+        registry.set_memory_fraction(0.25, 0).expect("a device");
+        registry.alloc(1 << 30, 0, StreamId::DEFAULT).expect("fits under 2 GiB");
+        let Err(Failure::OutOfMemory(message)) = registry.alloc(3 << 30 >> 1, 0, StreamId::DEFAULT) else {
+            panic!("1.5 GiB more exceeds the fraction's 2 GiB")
+        };
+        let (pytorch, ours) = message.split_once(OOM_CAUSE_LINE).expect("cachalot's line");
+        assert!(pytorch.starts_with("CUDA out of memory. Tried to allocate 1.50 GiB."), "{pytorch}");
+        assert!(
+            ours.starts_with("main cause: the memory fraction's allowance refused memory the device had"),
+            "{ours}"
+        );
+        assert!(ours.contains("snapshot_on_oom"), "{ours}");
+        assert_eq!(
+            cachalot_core::OutOfMemoryError::allocator_part(&message),
+            cachalot_core::OutOfMemoryError::allocator_part(pytorch)
+        );
     }
 
     #[test]

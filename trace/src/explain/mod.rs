@@ -28,7 +28,7 @@ use rustc_hash::FxHashMap;
 use cachalot_core::config::ConfigError;
 use cachalot_core::size::PoolKind;
 use cachalot_core::trace::{ContextId, ContextTable, Frame, TraceAction, TraceEntry};
-use cachalot_core::{BlockState, SegmentSnapshot};
+use cachalot_core::{Backend, BlockState, CachingAllocator, OutOfMemoryError, SegmentSnapshot, StreamId};
 
 pub use causes::{Cause, ClassBytes};
 pub use fix::{Change, Fix, FixSearch};
@@ -358,6 +358,47 @@ pub fn explain(
         fix,
         live_stacks,
     })
+}
+
+/// The main cause of an out-of-memory error, in one line (`main cause: …`, sizes written by
+/// `size`), where it happens in a program running on cachalot (the PyTorch plug-in appends it
+/// to PyTorch's message): the rule [`explain`] applies, on the error's own figures and the
+/// cached bytes the retry chain left in `allocator`, which the error has just left as it is. No
+/// trace is needed, and none is replayed: the fix is `cachalot explain`'s, on a snapshot.
+pub fn cause_at_error<B: Backend>(
+    allocator: &CachingAllocator<B>,
+    oom: &OutOfMemoryError,
+    stream: StreamId,
+    size: impl Fn(u64) -> String,
+) -> String {
+    let pool = PoolKind::for_size(oom.rounded);
+    let asked = causes::Asked { rounded: oom.rounded, pool, stream, pool_id: allocator.routed_pool(stream) };
+    let (after_retry, _) = causes::classify(allocator.config(), &asked, &allocator.snapshot(), &[]);
+    let memory = Memory {
+        device_total: oom.device_total,
+        outside: oom.device_total.saturating_sub(oom.device_free).saturating_sub(oom.reserved),
+        allowed: oom.allowed,
+        reserved: oom.reserved,
+        reserved_after: oom.reserved,
+        allocated: oom.allocated,
+        requested: 0,
+        rounding_waste: 0,
+        device_free_after: oom.device_free,
+    };
+    let room_after = match oom.allowed {
+        Some(allowed) => oom.device_free.min(allowed.saturating_sub(oom.reserved)),
+        None => oom.device_free,
+    };
+    let request = Request {
+        size: oom.requested,
+        rounded: oom.rounded,
+        segment_size: oom.allocation_size,
+        pool: pool.name(),
+        stream: stream.0,
+        frames: Vec::new(),
+    };
+    let cause = main_cause(&memory, oom.rounded, oom.allocation_size, &after_retry);
+    words::cause_line(cause, &request, &memory, room_after, &after_retry, size)
 }
 
 /// The main cause of a failed request of `rounded` bytes (a segment of `segment` bytes on a
