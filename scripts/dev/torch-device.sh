@@ -122,7 +122,8 @@ jobs_list=${JOBS:-$all_jobs}
 # Inductor's caches first, so that compile time does not weigh on one allocator's run.
 for job in $jobs_list; do [[ $job == compile* ]] && capture native "$job" "" >/dev/null; done
 mkdir -p "$work/policy"
-batch native $jobs_list
+modes=${POLICY_MODES:-native best cachalot policy native2}  # POLICY_MODES: some of them
+[[ " $modes " == *" native "* ]] && batch native $jobs_list
 for job in $jobs_list; do
     # Settings found before (carried in .dev-torch/best/JOB.conf) are not searched again.
     [ -e "$here/best/$job.conf" ] && { cp "$here/best/$job.conf" "$work/policy/best-$job.conf"; continue; }
@@ -131,10 +132,7 @@ for job in $jobs_list; do
         > "$work/policy/best-$job.conf" 2>/dev/null || rm -f "$work/policy/best-$job.conf"
     echo "tune $job: $(cat "$work/policy/best-$job.conf" 2>/dev/null || tail -1 "$work/policy/tune-$job.err")"
 done
-batch best $jobs_list
-batch cachalot $jobs_list
-batch policy $jobs_list
-batch native2 $jobs_list
+for mode in best cachalot policy native2; do [[ " $modes " == *" $mode "* ]] && batch $mode $jobs_list; done
 python3 "$here/torch-policy.py" table "$work/policy" "$work/policy-speed" | tee "$out/policy.md"
 # The same runs as the proof set's: cachalot's exact policy against PyTorch's, PyTorch against itself.
 python3 "$here/torch-compare.py" "$work/policy/native" "$work/policy/cachalot" "$work/policy/native2" | tee "$out/jobs.md"
