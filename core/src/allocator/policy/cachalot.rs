@@ -66,6 +66,10 @@
 //! Giving back only the excess, not the whole cache, is what lets a step find most of its
 //! sizes cached. The cache-hit path is the same as PyTorch's.
 //!
+//! While allocations are routed to a private pool (a CUDA graph capture, `use_mem_pool`), rule 4
+//! gives nothing back and the peak rises instead: a capture allows no stream synchronization
+//! and no free or unmap, and PyTorch frees nothing then but through its OOM path.
+//!
 //! Memory of a pending cross-stream free is not touched: its block is not free until its events
 //! complete, so neither the block nor its segment can be returned early, and a free block only
 //! ever serves requests of its own stream.
@@ -174,6 +178,13 @@ impl PolicyRules for Cachalot {
         let GiveBacks { plan, cursors, at_peak } = scratch;
         plan.clear();
         *at_peak = false;
+        // Nothing goes back while a pool is routed to (a CUDA graph capture is underway):
+        // giving back synchronizes the stream and frees or unmaps, which a capture does not
+        // allow (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). PyTorch frees nothing during a capture
+        // but through its OOM path, which stays as it is.
+        if !allocator.routing.is_empty() {
+            return;
+        }
         let Some((mut excess, spot)) = allocator.excess_over_peak(request) else {
             return;
         };
@@ -556,6 +567,38 @@ mod tests {
                 }
                 true => assert!(frees_at_second_miss > 0, "no repeat: rule 4 gives back"),
             }
+        }
+    }
+
+    #[test]
+    fn while_a_pool_is_routed_to_a_miss_at_the_peak_gives_nothing_back() {
+        use crate::pool::{PoolFilter, PoolId};
+        let capture = StreamId(5);
+        let pool = PoolId(1, 0);
+        for routed in [false, true] {
+            let mut allocator = allocator("policy:cachalot");
+            // Cached pages in the default pool and in the private pool, at the peak.
+            let a = allocator.malloc(8 * MIB, StreamId::DEFAULT).unwrap();
+            let _b = allocator.malloc(8 * MIB, StreamId::DEFAULT).unwrap();
+            allocator.free(a).unwrap();
+            allocator.begin_allocate_to_pool(pool, PoolFilter::Stream(capture)).unwrap();
+            let x = allocator.malloc(8 * MIB, capture).unwrap();
+            let _y = allocator.malloc(8 * MIB, capture).unwrap();
+            allocator.free(x).unwrap();
+            if !routed {
+                allocator.end_allocate_to_pool(pool).unwrap();
+            }
+            let frees = allocator.stats().num_device_free;
+            // Misses at the peak: in the private pool (its 8 cached MiB) and in the default
+            // pool from another stream (the default pool's 8 cached MiB).
+            allocator.malloc(10 * MIB, capture).unwrap();
+            allocator.malloc(10 * MIB, StreamId(3)).unwrap();
+            let released = allocator.stats().num_device_free - frees;
+            match routed {
+                true => assert_eq!(released, 0, "no free or unmap during a capture"),
+                false => assert!(released > 0, "rule 4 gives back once no pool is routed to"),
+            }
+            allocator.check_consistency().unwrap();
         }
     }
 
