@@ -1,7 +1,8 @@
 //! Whether real jobs settle under `policy:cachalot`: every trace pickle of a folder (with the
 //! `NAME.expected.json` PyTorch recorded beside it) replayed under the job's own settings plus
 //! `policy:cachalot`, with the peak reserved relative to PyTorch's recorded peak, and the device
-//! calls (`num_device_alloc` + `num_device_free`) of the steady half of the job's steps.
+//! calls (`num_device_alloc` + `num_device_free`) and 2 MiB pages mapped and unmapped (what a
+//! call costs on CUDA grows with its pages) in the steady half of the job's steps.
 //!
 //! `cargo run --release -p cachalot-trace --example jobs_policy -- DIR [EXTRA_SETTINGS]`
 //!
@@ -23,6 +24,9 @@ use cachalot_trace::replay::{ExpectedRun, ReplayOptions, replay};
 use cachalot_trace::snapshot::pickle::read_snapshot;
 use cachalot_trace::snapshot::torch::TorchSnapshot;
 use cachalot_trace::tune::own_policy_settings;
+
+/// The page a device call maps or unmaps at a time on CUDA (the driver's granularity).
+const PAGE: u64 = 2 << 20;
 
 fn main() -> ExitCode {
     match run() {
@@ -47,14 +51,20 @@ fn run() -> Result<(), String> {
         .collect();
     pickles.sort();
     let mut log_ratios = Vec::new();
-    println!("job | peak reserved / PyTorch's | device calls, whole trace | steady half: calls, steps, calls/step");
+    println!(
+        "job | peak reserved / PyTorch's | device calls, whole trace | steady half: calls, pages, steps | per step: calls, pages"
+    );
     for path in &pickles {
         let name = path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
         let job = measure(path).map_err(|e| format!("{name}: {e}"))?;
-        let Job { ratio, calls, half_calls, steps } = job(extra)?;
+        let Job { ratio, calls, half_calls, half_pages, steps } = job(extra)?;
         log_ratios.push(ratio.ln());
-        let per_step = if steps > 0 { format!("{:.2}", half_calls as f64 / steps as f64) } else { "-".into() };
-        println!("{name} | {ratio:.3} | {calls} | {half_calls}, {steps}, {per_step}");
+        let per_step = |n: u64| if steps > 0 { format!("{:.2}", n as f64 / steps as f64) } else { "-".into() };
+        println!(
+            "{name} | {ratio:.3} | {calls} | {half_calls}, {half_pages}, {steps} | {}, {}",
+            per_step(half_calls),
+            per_step(half_pages)
+        );
     }
     let geomean = (log_ratios.iter().sum::<f64>() / log_ratios.len().max(1) as f64).exp();
     let highest = log_ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max).exp();
@@ -70,6 +80,8 @@ struct Job {
     calls: u64,
     /// Device calls of the steady half.
     half_calls: u64,
+    /// Pages (2 MiB) mapped and unmapped in the steady half.
+    half_pages: u64,
     /// Step boundaries the steady half crosses.
     steps: usize,
 }
@@ -93,15 +105,21 @@ fn measure(path: &std::path::Path) -> Result<impl Fn(&str) -> Result<Job, String
         }
         let mut options = ReplayOptions::for_snapshot(&snapshot, Some(&expected)).map_err(|e| e.to_string())?;
         options.config = AllocatorConfig::parse(&settings).map_err(|e| format!("'{settings}': {e}"))?;
-        let (peak, calls_to_end) = replay_to(&snapshot, &options, end)?;
-        let (_, calls_to_start) = replay_to(&snapshot, &options, start)?;
-        let (_, calls) = replay_to(&snapshot, &options, len)?;
-        Ok(Job { ratio: peak as f64 / pytorch_peak, calls, half_calls: calls_to_end - calls_to_start, steps })
+        let (_, calls_to_end, pages_to_end) = replay_to(&snapshot, &options, end)?;
+        let (_, calls_to_start, pages_to_start) = replay_to(&snapshot, &options, start)?;
+        let (peak, calls, _) = replay_to(&snapshot, &options, len)?;
+        Ok(Job {
+            ratio: peak as f64 / pytorch_peak,
+            calls,
+            half_calls: calls_to_end - calls_to_start,
+            half_pages: pages_to_end - pages_to_start,
+            steps,
+        })
     })
 }
 
-/// Peak reserved and device calls of the replay of the first `len` entries of device 0.
-fn replay_to(snapshot: &TorchSnapshot, options: &ReplayOptions, len: usize) -> Result<(u64, u64), String> {
+/// Peak reserved, device calls and pages moved (2 MiB each) of the replay of the first `len` entries of device 0.
+fn replay_to(snapshot: &TorchSnapshot, options: &ReplayOptions, len: usize) -> Result<(u64, u64, u64), String> {
     let mut cut = TorchSnapshot { device_traces: snapshot.device_traces.clone(), ..snapshot.clone() };
     cut.device_traces[0].truncate(len);
     let mut options = options.clone();
@@ -114,7 +132,24 @@ fn replay_to(snapshot: &TorchSnapshot, options: &ReplayOptions, len: usize) -> R
         return Err(format!("{ooms} OOMs the recording did not have"));
     }
     let stats = outcome.allocator.stats();
-    Ok((stats.max_memory_reserved(), stats.num_device_alloc + stats.num_device_free))
+    // Bytes mapped and unmapped (or allocated and freed) in 2 MiB pages: what a device call
+    // costs on CUDA grows with its pages (each is a physical allocation of its own).
+    let moved: u64 = outcome
+        .allocator
+        .trace()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.action,
+                TraceAction::SegmentAlloc
+                    | TraceAction::SegmentFree
+                    | TraceAction::SegmentMap
+                    | TraceAction::SegmentUnmap
+            )
+        })
+        .map(|e| e.size.div_ceil(PAGE))
+        .sum();
+    Ok((stats.max_memory_reserved(), stats.num_device_alloc + stats.num_device_free, moved))
 }
 
 /// The steady half's first and end entry, and the step boundaries it crosses (module doc).
