@@ -165,9 +165,11 @@ fn own_policy_is_set_beside_the_ranking_not_in_it() {
     );
     assert!(table.contains(&expected), "{expected}{table}");
     assert!(table.contains("  memory_allocated() differs from PyTorch's under it: remainders of 512 B"), "{table}");
-    // It makes more device calls than PyTorch's best here, and says what they cost on a GPU.
+    // It makes more device calls than the trace's own settings here (PyTorch's defaults give
+    // nothing back; fewer than PyTorch's best, which gives back under its memory fraction), and
+    // says what they cost on a GPU.
     let calls = |c: &Value| c["device_allocs"].as_u64().unwrap() + c["device_frees"].as_u64().unwrap();
-    assert!(calls(own) > calls(&tuning["winner"]), "{tuning}");
+    assert!(calls(own) > calls(&tuning["baseline"]), "{tuning}");
     assert!(table.contains("on a GPU each map or unmap costs driver calls per 2 MiB page"), "{table}");
 
     // The flag of before is the default; --no-own-policy ranks PyTorch's settings alone.

@@ -10,7 +10,7 @@
 
 use cachalot_core::{AllocatorConfig, AllocatorError, CachingAllocator, PoolFilter, PoolId, SimBackend, StreamId};
 use cachalot_trace::pool_calls::PoolCall;
-use cachalot_trace::replay::{ReplayOptions, replay, verify_against_recording};
+use cachalot_trace::replay::{CallKind, ProgramCall, ReplayOptions, replay, verify_against_recording};
 use cachalot_trace::snapshot::torch;
 
 mod common;
@@ -54,7 +54,8 @@ enum Cycle {
     /// and the retry maps the 60 MiB; freed.
     GiveBackRefused,
     /// Under `policy:cachalot,max_split_size_mb:20`, on one stream between two live 4 MiB blocks,
-    /// 30 MiB (oversize) made and freed before the cycles; each cycle 16 MiB (below
+    /// 30 MiB (oversize) made and freed before the cycles; each cycle, after
+    /// `reset_peak_memory_stats` (rule 7 would keep the pages from the second cycle on), 16 MiB (below
     /// `max_split_size`): best fit passes over the free 30 MiB, and the miss, at the peak,
     /// gives back the block's top 16 MiB (rule 4; the plan was to map them above the live
     /// block), then grows into the 14 MiB kept, mapping one page of those given back; freed.
@@ -146,6 +147,8 @@ fn replay_shape_with(
         free_pending(&mut allocator);
     }
     let mut kept_too = Vec::new();
+    // Where `reset_peak_memory_stats` was called (the trace's length then).
+    let mut resets = Vec::new();
     // The layout of [`Cycle::Pieces`]: on stream 0, live pages around a free one between two
     // unmapped holes; on stream 1, a free 40 MiB block.
     let pieces_layout = |allocator: &mut CachingAllocator<SimBackend>| {
@@ -216,6 +219,11 @@ fn replay_shape_with(
                 }
             }
             Cycle::GiveBackOpensRoom | Cycle::GiveBackServesInPlace => {
+                // Without it, rule 7 would keep the pages from the second cycle on (peak
+                // allocated is the cycle's own live memory after the reset, and its ceiling
+                // below the peak), so that every cycle gives back as the first.
+                resets.push(allocator.trace_len_total() as usize);
+                allocator.reset_peak_stats();
                 let first = if cycle == Cycle::GiveBackOpensRoom { 16 * MIB } else { 10 * MIB };
                 for size in [first, 30 * MIB] {
                     let tensor = allocator.malloc(size, stream(0)).unwrap();
@@ -254,13 +262,30 @@ fn replay_shape_with(
     assert_eq!(pooled.is_some(), private_pool);
     let mut snapshot = torch::from_allocator(&allocator, None);
     // Each call follows a `snapshot` entry, as `capture_pools.py` records them.
-    let program_calls = cachalot_trace::replay::record_pool_calls(&mut snapshot.device_traces[0], &calls);
+    let mut program_calls = cachalot_trace::replay::record_pool_calls(&mut snapshot.device_traces[0], &calls);
+    assert!(resets.is_empty() || calls.is_empty(), "one kind of program call per shape");
+    for (n, before) in resets.iter().enumerate() {
+        // As `record_pool_calls` records them: after a `snapshot` entry inserted there.
+        let trace = &mut snapshot.device_traces[0];
+        let at = before + n;
+        let marker = cachalot_core::trace::TraceEntry {
+            action: cachalot_core::trace::TraceAction::Snapshot,
+            addr: 0,
+            size: 0,
+            stream: StreamId(0),
+            time_us: trace.get(at.min(trace.len().saturating_sub(1))).map_or(0, |entry| entry.time_us),
+            context: None,
+            annotation: None,
+        };
+        trace.insert(at.min(trace.len()), marker);
+        program_calls.push(ProgramCall { call: CallKind::ResetPeakMemoryStats, at });
+    }
     let options = ReplayOptions {
         config,
         memory_fraction: fraction,
         device_total: device,
         device: 0,
-        calls: private_pool.then_some(program_calls),
+        calls: (private_pool || !resets.is_empty()).then_some(program_calls),
         record_calls: false,
     };
     let outcome = replay(&snapshot, &options, |_, _| {}).unwrap();

@@ -122,8 +122,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `find_expandable_block`'s search among the existing segments, without making a new one:
     /// the first block of the lowest run of free and unmapped blocks of the request's stream
-    /// and pool that offers the request's bytes; under `policy:cachalot`, for a miss that
-    /// recurs in a repeat of the job (rule 7), the lowest of those that map the fewest pages.
+    /// and pool that offers the request's bytes; under `policy:cachalot`, once the job met its
+    /// peak (rule 7), the lowest of those that map the fewest pages.
     /// The one search ([`CutView::room`]), here over the blocks as they are: the replay's plan
     /// of a malloc makes it over the blocks the policy's give-backs would leave, and
     /// `policy:cachalot`'s rule 4 asks it too.

@@ -79,10 +79,6 @@ impl<B: Backend> CachingAllocator<B> {
         let block_context = if self.contexts_used { self.blocks.context(id) } else { None };
         let oversize = self.is_oversize(size);
         self.stats.families().free_requested(pool, size, oversize);
-        // Rule 7 of `policy:cachalot` tells a job's repeats apart by live memory falling to 0.
-        if self.stats.memory_allocated() == 0 {
-            self.repeats.times_emptied += 1;
-        }
         let context = self.current_context.or(block_context);
         self.record(TraceAction::FreeRequested, ptr, requested, stream, context);
     }

@@ -91,8 +91,13 @@ impl<B: Backend> CachingAllocator<B> {
         self.last_device_limit = None;
         let (collects_garbage, routed) = (self.gc_enabled(), !self.routing.is_empty());
         let mut steps = Apply::<B, P>::new(self, *request);
-        walk(&mut steps, collects_garbage, routed)?;
-        let Some((block, served)) = steps.served() else {
+        let walked = walk(&mut steps, collects_garbage, routed);
+        let served = steps.served();
+        // What rule 7 of `policy:cachalot` learnt at this miss counts from the next one: the
+        // replay's plan of this malloc read the state before it.
+        self.settling.commit();
+        walked?;
+        let Some((block, served)) = served else {
             return Err(self.out_of_memory(request, size));
         };
         let split = P::splits(self, self.blocks[block].size, &served);

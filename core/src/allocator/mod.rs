@@ -171,10 +171,10 @@ pub struct CachingAllocator<B: Backend> {
     /// The vectors a policy's give-backs before a miss fill (`policy:cachalot`'s rule 4, at
     /// each miss at the peak), kept between misses so that it allocates nothing once warm.
     give_back_scratch: policy::GiveBacks,
-    /// What `policy:cachalot`'s rule 7 knows of a job's repeats: how often live memory fell to
-    /// 0, and when each size first met rule 4's peak (`policy/cachalot.rs`). Counted under PyTorch's
-    /// policy too (one comparison per free), read only by rule 7.
-    repeats: policy::Repeats,
+    /// What `policy:cachalot`'s rule 7 knows of the job: whether a miss met rule 4's peak, and
+    /// what later misses still gave back (`policy/cachalot.rs`). Kept under every policy, read
+    /// only by rule 7.
+    settling: policy::Settling,
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -212,7 +212,7 @@ impl<B: Backend> CachingAllocator<B> {
             gc_clock_started: false,
             oom_observers: OomObservers::default(),
             give_back_scratch: policy::GiveBacks::default(),
-            repeats: policy::Repeats::default(),
+            settling: policy::Settling::default(),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction())?;
@@ -642,7 +642,7 @@ where
             gc_clock_started: self.gc_clock_started,
             oom_observers: OomObservers::default(),
             give_back_scratch: policy::GiveBacks::default(),
-            repeats: self.repeats.clone(),
+            settling: self.settling.clone(),
         }
     }
 }

@@ -25,7 +25,7 @@ mod cachalot;
 mod pytorch;
 
 pub(super) use cachalot::Cachalot;
-pub(super) use cachalot::Repeats;
+pub(super) use cachalot::Settling;
 pub(super) use pytorch::PyTorch;
 
 use super::CachingAllocator;
@@ -91,7 +91,7 @@ pub(super) use with_policy;
 pub(super) struct GiveBacks {
     pub(super) plan: Vec<GiveBack>,
     /// Whether the miss would have passed the peak (rule 4's trigger under `policy:cachalot`),
-    /// whatever it then gave back: rule 7 remembers it.
+    /// whatever it then gave back: rule 7 counts what it gave back.
     pub(super) at_peak: bool,
     /// One cursor per (pool, stream), at its largest free block not yet visited (rule 4's walk).
     pub(super) cursors: Vec<(crate::size::PoolKind, Option<u32>)>,
@@ -123,17 +123,14 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Before a miss takes new memory for `request`: gives back what the policy `P` decides
-    /// ([`PolicyRules::give_backs_before_miss`]), in its order, and remembers for rule 7 of
-    /// `policy:cachalot` a miss that met the peak.
+    /// ([`PolicyRules::give_backs_before_miss`]), in its order, and tells rule 7 of
+    /// `policy:cachalot` what a miss at the peak gave back (counted when the miss ends).
     pub(super) fn give_back_before_miss<P: PolicyRules>(&mut self, request: &Request) -> Result<(), AllocatorError> {
         // The vectors of the last miss are reused (an error drops them: the next miss makes new ones).
         let mut scratch = std::mem::take(&mut self.give_back_scratch);
         P::give_backs_before_miss(self, request, &mut scratch);
-        // Rule 7 remembers the first repeat in which a miss of this size met the peak (whether
-        // or not it gave anything back: an allowance granted is a recurrence too). Misses at
-        // the peak are few, and each adds at most one size.
         if scratch.at_peak {
-            self.repeats.met_peak(request.size);
+            self.settling.at_peak(scratch.plan.iter().map(|g| g.bytes).sum());
         }
         for give_back in &scratch.plan {
             let given = self.give_back_from(give_back.block, give_back.wanted)?;
