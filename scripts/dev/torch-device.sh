@@ -168,7 +168,7 @@ echo "compare rc=$?"
 CAPTURE=$work/checkpoint timeout 300 python3 "$here/torch-checkpoint-job.py" > "$work/checkpoint-capture.log" 2>&1
 echo "checkpoint capture rc=$?: $(tail -1 "$work/checkpoint-capture.log")"
 "$here/cachalot" replay --check "$work/checkpoint/checkpoint_job.pickle" 2>&1 | tail -3
-tar -C "$work" -czf "$out/checkpoint.tar.gz" checkpoint checkpoint-native.* checkpoint-cachalot.*
+(cd "$work" && tar -czf "$out/checkpoint.tar.gz" checkpoint checkpoint-native.* checkpoint-cachalot.*)
 fi
 
 if has oom; then

@@ -1,7 +1,7 @@
 //! The proof set of real PyTorch jobs (`scripts/dev/torch-jobs.py`: AMP with a grad scaler,
 //! activation checkpointing under expandable segments, a training step captured in a CUDA graph,
 //! torch.compile's `reduce-overhead` training and inference, cuDNN autotuning, MemPool, a ragged
-//! inference server under roundup_power2_divisions, mixture-of-experts dispatch, a convnet fed
+//! inference server under roundup_power2_divisions, mixture-of-experts dispatch, an OOM-driven batch-size search under a memory fraction, a convnet fed
 //! by pinned-memory prefetch on a side stream, a 64k-vocabulary head with GiB-sized logits under
 //! max_split_size_mb, FSDP2 on one rank), each captured with PyTorch 2.11's own allocator on an
 //! H200 (`testdata/conformance/jobs`): each must replay to exactly what PyTorch recorded (segment
@@ -23,6 +23,7 @@ fn every_job_of_the_proof_set_matches_pytorch() {
     let names: Vec<String> = traces.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     let jobs = [
         "amp_gpt",
+        "batch_search",
         "checkpointing",
         "compile_ro_infer",
         "compile_ro_train",
