@@ -27,12 +27,26 @@ static double now_us() {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-static void pages(size_t whole, size_t page) {
-    size_t total = whole / page * page;  // whole pages only
+// Pinned memory on device 0, no shareable handle (as PyTorch's and cachalot's pages).
+static CUmemAllocationProp device_memory() {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
+    return prop;
+}
+
+// Read and write access for device 0.
+static CUmemAccessDesc read_write() {
+    CUmemAccessDesc access = {};
+    access.location = device_memory().location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return access;
+}
+
+static void pages(size_t whole, size_t page) {
+    size_t total = whole / page * page;  // whole pages only
+    CUmemAllocationProp prop = device_memory();
     CUdeviceptr base;
     check(cuMemAddressReserve(&base, total, 0, 0, 0), "cuMemAddressReserve");
     size_t n = total / page;
@@ -42,9 +56,7 @@ static void pages(size_t whole, size_t page) {
     double t1 = now_us();
     for (size_t i = 0; i < n; i++) check(cuMemMap(base + i * page, page, 0, handles[i], 0), "cuMemMap");
     double t2 = now_us();
-    CUmemAccessDesc access = {};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAccessDesc access = read_write();
     check(cuMemSetAccess(base, total, &access, 1), "cuMemSetAccess");
     double t3 = now_us();
     check(cuMemsetD8(base, 1, total), "cuMemsetD8");  // touch it: the memory is really there
@@ -62,13 +74,8 @@ static void pages(size_t whole, size_t page) {
 
 static void per_page_access(size_t total, size_t page) {
     // cachalot-cuda's map before batching: each page created, mapped and granted on its own.
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    CUmemAccessDesc access = {};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAllocationProp prop = device_memory();
+    CUmemAccessDesc access = read_write();
     CUdeviceptr base;
     check(cuMemAddressReserve(&base, total, 0, 0, 0), "cuMemAddressReserve");
     size_t n = total / page;
@@ -94,10 +101,7 @@ static void threaded_create(size_t total, size_t page, unsigned threads) {
     // context current; pages are disjoint).
     CUcontext ctx;
     check(cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = device_memory();
     CUdeviceptr base;
     check(cuMemAddressReserve(&base, total, 0, 0, 0), "cuMemAddressReserve");
     size_t n = total / page;
@@ -114,9 +118,7 @@ static void threaded_create(size_t total, size_t page, unsigned threads) {
         });
     }
     for (auto& th : pool) th.join();
-    CUmemAccessDesc access = {};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAccessDesc access = read_write();
     check(cuMemSetAccess(base, total, &access, 1), "cuMemSetAccess");
     double t1 = now_us();
     for (size_t i = 0; i < n; i++) {

@@ -203,16 +203,26 @@ impl ViewerApp {
         self.show_replay_comparison();
     }
 
+    /// What a replay of `run` under other settings needs ([`tune_input`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn tune_input_of(&self, run: &crate::model::Run) -> Result<TuneInput, String> {
+        tune_input(run, &self.opened_paths)
+    }
+
+    /// What a replay of `run` under other settings needs: a page opens no file by path, so no
+    /// `expected.json` comes with it.
+    #[cfg(target_arch = "wasm32")]
+    fn tune_input_of(&self, run: &crate::model::Run) -> Result<TuneInput, String> {
+        TuneInput::of(run, None)
+    }
+
     /// Replays the shown PyTorch trace under cachalot's own policy (`policy:cachalot`, with the
     /// trace's other settings, memory fraction and device) off the UI path, and shows the replay
     /// beside the trace in Compare, with both peaks and their ratio. A replay made before is
     /// shown at once.
     pub fn compare_policies(&mut self) {
         let Some(tab) = self.active_tab() else { return };
-        #[cfg(not(target_arch = "wasm32"))]
-        let input = tune_input(&tab.run, &self.opened_paths);
-        #[cfg(target_arch = "wasm32")]
-        let input = TuneInput::of(&tab.run, None);
+        let input = self.tune_input_of(&tab.run);
         match input {
             Ok(input) => {
                 let settings = cachalot_trace::tune::own_policy_settings(input.options.config.settings());
@@ -605,10 +615,7 @@ impl ViewerApp {
             self.show_replay_comparison();
             return;
         }
-        #[cfg(not(target_arch = "wasm32"))]
-        let input = tune_input(&tab.run, &self.opened_paths);
-        #[cfg(target_arch = "wasm32")]
-        let input = TuneInput::of(&tab.run, None);
+        let input = self.tune_input_of(&tab.run);
         match input {
             Ok(input) => {
                 let started = self.loader.spawn(name, move |progress| {
