@@ -119,9 +119,9 @@ class GraphTreeCalls:
         self.patch(graph_class, "capture_begin", self.capture_begin)
         self.patch(graph_class, "capture_end", self.capture_end)
         self.patch(graph_class, "reset", self.reset)
-        self.patch(torch._C, "_cuda_beginAllocateCurrentThreadToPool", self.begin_thread)
-        self.patch(torch._C, "_cuda_endAllocateToPool", self.end)
-        self.patch(torch._C, "_cuda_releasePool", self.release)
+        self.patch(torch._C, "_cuda_beginAllocateCurrentThreadToPool", self.listed("begin_allocate_to_pool"))
+        self.patch(torch._C, "_cuda_endAllocateToPool", self.listed("end_allocate_to_pool"))
+        self.patch(torch._C, "_cuda_releasePool", self.listed("release_pool"))
         self.patch(torch._C, "_cuda_getCheckpointState", self.get_checkpoint_state)
         self.patch(torch._C, "_cuda_setCheckpointPoolState", self.set_checkpoint_pool_state)
         self.calls.graph_tree_calls = self
@@ -175,26 +175,15 @@ class GraphTreeCalls:
             self.calls.record(at, "release_pool", pool)
         return reset
 
-    def begin_thread(self, original):
-        def begin(device, pool):
-            at = self.calls.trace_len()
-            original(device, pool)
-            self.calls.record(at, "begin_allocate_to_pool", tuple(pool))
-        return begin
-
-    def end(self, original):
-        def end(device, pool):
-            at = self.calls.trace_len()
-            original(device, pool)
-            self.calls.record(at, "end_allocate_to_pool", tuple(pool))
-        return end
-
-    def release(self, original):
-        def release(device, pool):
-            at = self.calls.trace_len()
-            original(device, pool)
-            self.calls.record(at, "release_pool", tuple(pool))
-        return release
+    def listed(self, call):
+        """The patch of a `torch._C` pool function of `(device, pool)`, listed as `call`."""
+        def make(original):
+            def wrapper(device, pool):
+                at = self.calls.trace_len()
+                original(device, pool)
+                self.calls.record(at, call, tuple(pool))
+            return wrapper
+        return make
 
     def get_checkpoint_state(self, original):
         def get_checkpoint_state(device, pool):

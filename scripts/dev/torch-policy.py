@@ -36,11 +36,16 @@ ORDER = ("native", "cachalot", "policy", "best", "native2", "native2", "best", "
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def load(name, module):
+    """The script `name` beside this one, as a module."""
+    spec = importlib.util.spec_from_file_location(module, os.path.join(HERE, name))
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 def load_jobs():
-    spec = importlib.util.spec_from_file_location("torch_jobs", os.path.join(HERE, "torch-jobs.py"))
-    jobs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(jobs)
-    return jobs
+    return load("torch-jobs.py", "torch_jobs")
 
 
 def device_calls(torch):
@@ -101,14 +106,6 @@ def read(proc, mode):
             return line[1:].strip()
 
 
-def spread(values):
-    """Median with its distribution-free 95% confidence interval (order statistics n/2 -+ 0.98 sqrt(n))."""
-    v = sorted(values)
-    n = len(v)
-    half = 0.98 * n ** 0.5
-    return statistics.median(v), v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]
-
-
 def speed(name, outfile, rounds, steps):
     native_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     best_conf = os.environ.get("BEST_CONF", native_conf)
@@ -161,13 +158,14 @@ def summarize(name, per_round, steps, native_conf, best_conf):
     modes = [m for m in MODES if m in per_round[0]]
     median_step = {m: statistics.median(t for r in per_round for b in r[m] for t in b["times"]) for m in modes}
     per_block = [{m: statistics.median(t for b in r[m] for t in b["times"]) for m in modes} for r in per_round]
+    median_interval = load("torch-speed.py", "torch_speed").median_interval
     ratio = {}
     for m in modes:
         if m == "native":
             continue
         against = "native" if m == "native2" else None
         values = [b[m] / (b["native"] if against else (b["native"] + b["native2"]) / 2) for b in per_block]
-        ratio[m] = spread(values)
+        ratio[m] = median_interval(values)
     calls = {m: sum(b["device_calls"] for r in per_round for b in r[m]) / (len(per_round) * 2 * steps) for m in modes}
     return {"job": name, "summary": True, "rounds": len(per_round), "steps_per_block": steps, "conf": native_conf,
             "best_conf": best_conf, "median_step_s": median_step, "ratio": ratio, "device_calls_per_step": calls}

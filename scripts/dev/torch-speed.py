@@ -129,15 +129,20 @@ def read(proc):
             return line[1:].strip()
 
 
-def spread(values):
-    """The median of the rounds' ratios with its 95% confidence interval (distribution-free: the
-    order statistics n/2 -+ 0.98 sqrt(n) of the sorted ratios) and the interquartile range."""
+def median_interval(values):
+    """The median of the rounds' ratios and its 95% confidence interval, distribution-free: the
+    order statistics n/2 -+ 0.98 sqrt(n) of the sorted ratios."""
     v = sorted(values)
     n = len(v)
     half = 0.98 * n ** 0.5
-    lo, hi = v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]
-    q = statistics.quantiles(v, n=4) if n > 1 else [v[0]] * 3
-    return f"{statistics.median(v):.4f} (95% CI {lo:.4f}-{hi:.4f}; IQR {q[0]:.4f}-{q[2]:.4f})"
+    return statistics.median(v), v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]
+
+
+def spread(values):
+    """`median_interval` and the interquartile range, as the table writes them."""
+    median, lo, hi = median_interval(values)
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{median:.4f} (95% CI {lo:.4f}-{hi:.4f}; IQR {q[0]:.4f}-{q[2]:.4f})"
 
 
 def coordinate(bench, rounds, steps):

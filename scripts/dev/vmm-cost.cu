@@ -44,6 +44,15 @@ static CUmemAccessDesc read_write() {
     return access;
 }
 
+// Unmaps and releases every page of a reservation, then frees it (untimed).
+static void give_back(CUdeviceptr base, size_t total, size_t page, const std::vector<CUmemGenericAllocationHandle>& handles) {
+    for (size_t i = 0; i < handles.size(); i++) {
+        check(cuMemUnmap(base + i * page, page), "cuMemUnmap");
+        check(cuMemRelease(handles[i]), "cuMemRelease");
+    }
+    check(cuMemAddressFree(base, total), "cuMemAddressFree");
+}
+
 static void pages(size_t whole, size_t page) {
     size_t total = whole / page * page;  // whole pages only
     CUmemAllocationProp prop = device_memory();
@@ -73,7 +82,7 @@ static void pages(size_t whole, size_t page) {
 }
 
 static void per_page_access(size_t total, size_t page) {
-    // cachalot-cuda's map before batching: each page created, mapped and granted on its own.
+    // Each page created, mapped and granted on its own, against pages() granting the range once.
     CUmemAllocationProp prop = device_memory();
     CUmemAccessDesc access = read_write();
     CUdeviceptr base;
@@ -87,11 +96,7 @@ static void per_page_access(size_t total, size_t page) {
         check(cuMemSetAccess(base + i * page, page, &access, 1), "cuMemSetAccess");
     }
     double t1 = now_us();
-    for (size_t i = 0; i < n; i++) {
-        check(cuMemUnmap(base + i * page, page), "cuMemUnmap");
-        check(cuMemRelease(handles[i]), "cuMemRelease");
-    }
-    check(cuMemAddressFree(base, total), "cuMemAddressFree");
+    give_back(base, total, page, handles);
     std::printf("pages of %8zu KiB x %6zu, access granted per page: %7.1f us/page, %8.0f us in all\n", page >> 10, n,
                 (t1 - t0) / n, t1 - t0);
 }
@@ -121,11 +126,7 @@ static void threaded_create(size_t total, size_t page, unsigned threads) {
     CUmemAccessDesc access = read_write();
     check(cuMemSetAccess(base, total, &access, 1), "cuMemSetAccess");
     double t1 = now_us();
-    for (size_t i = 0; i < n; i++) {
-        check(cuMemUnmap(base + i * page, page), "cuMemUnmap");
-        check(cuMemRelease(handles[i]), "cuMemRelease");
-    }
-    check(cuMemAddressFree(base, total), "cuMemAddressFree");
+    give_back(base, total, page, handles);
     std::printf("pages of %8zu KiB x %6zu, created and mapped on %u threads: %7.1f us/page, %8.0f us in all\n",
                 page >> 10, n, threads, (t1 - t0) / n, t1 - t0);
 }

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+mod common;
+
 use std::path::PathBuf;
 
 use cachalot_viewer::native::harness;
@@ -71,12 +73,7 @@ fn clicking_an_oom_marker_opens_its_explanation() {
         .map(|&m| m as usize)
         .min_by(|&a, &b| (x_of(a as f64 + 1.0) - pos.x).abs().total_cmp(&(x_of(b as f64 + 1.0) - pos.x).abs()))
         .unwrap();
-    harness.hover_at(pos);
-    harness.run_steps(1);
-    harness.drag_at(pos);
-    harness.run_steps(1);
-    harness.drop_at(pos);
-    harness.run_steps(2);
+    common::click_at(&mut harness, pos);
     assert_eq!(harness.state().view, View::Explain);
     assert_eq!(harness.state().tabs[0].cursor, nearest + 1, "the cursor just past the error clicked");
     harness.state_mut().explain.wait();

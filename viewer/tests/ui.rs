@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::click_at;
+
 use cachalot_viewer::format;
 use cachalot_viewer::live::{self, SimExperiment, SimRunner};
 use cachalot_viewer::model::Verification;
@@ -23,15 +25,6 @@ fn app_with(runs: Vec<cachalot_viewer::Run>, view: View) -> ViewerApp {
     app.add_runs(runs);
     app.view = view;
     app
-}
-
-fn click_at(harness: &mut Harness<'_, ViewerApp>, pos: Pos2) {
-    harness.hover_at(pos);
-    harness.run_steps(1);
-    harness.drag_at(pos);
-    harness.run_steps(1);
-    harness.drop_at(pos);
-    harness.run_steps(2);
 }
 
 /// The cursor position the fixed run's timeline shows at a fraction of its plot's width.

@@ -5,7 +5,7 @@
 //
 //   [RUNS=3] [SETTLE=2000] [VERBOSE=1] node bench.mjs BASE_URL OPS_FILE FILE_URL...
 import { readFileSync } from "node:fs";
-import { launchChromium } from "./chromium.mjs";
+import { gotoViewer, launchChromium } from "./chromium.mjs";
 
 const [base, opsPath, ...files] = process.argv.slice(2);
 if (!base || !opsPath) {
@@ -17,17 +17,7 @@ const settle = Number(process.env.SETTLE ?? 2000);
 
 const browser = await launchChromium();
 
-const ready = async (page) => {
-  await page.goto(base);
-  await page.waitForFunction(
-    () => {
-      const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
-      return s && s.adapter.state !== "pending";
-    },
-    null,
-    { timeout: 120000 },
-  );
-};
+const ready = (page) => gotoViewer(page, base);
 
 try {
   for (const file of files) {

@@ -27,15 +27,8 @@ export const launchChromium = () =>
     ],
   });
 
-// A new page of `browser` on the viewer at `base`, once the page's adapter has answered (or
-// said there is none): the page and the console errors it logs from then on.
-export const openViewer = async (browser, base) => {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
-  const errors = [];
-  page.on("console", (m) => {
-    if (m.type() === "error") errors.push(m.text());
-  });
-  page.on("pageerror", (e) => errors.push(String(e)));
+// `page` on the viewer at `base`, once the page's adapter has answered (or said there is none).
+export const gotoViewer = async (page, base) => {
   await page.goto(base);
   await page.waitForFunction(
     () => {
@@ -45,5 +38,25 @@ export const openViewer = async (browser, base) => {
     null,
     { timeout: 120000 },
   );
+};
+
+// A new page of `browser` on the viewer at `base`, once the page's adapter has answered (or
+// said there is none): the page and the console errors it logs from then on.
+export const openViewer = async (browser, base) => {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 860 } });
+  const errors = [];
+  page.on("console", (m) => {
+    if (m.type() === "error") errors.push(m.text());
+  });
+  page.on("pageerror", (e) => errors.push(String(e)));
+  await gotoViewer(page, base);
   return { page, errors };
+};
+
+// The page's health at the end of a script: the app did not panic, and no console error was
+// logged on `page` (the `errors` openViewer gathers).
+export const checkHealthy = async (page, errors, check) => {
+  const panicked = await page.evaluate(() => window.cachalot.has_panicked());
+  check(!panicked, "the app did not panic");
+  check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
 };

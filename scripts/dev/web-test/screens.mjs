@@ -14,7 +14,7 @@
 // are reported as skipped (never counted as passed).
 //
 //   node screens.mjs http://127.0.0.1:8765/ OUT_DIR
-import { launchChromium, openViewer } from "./chromium.mjs";
+import { checkHealthy, launchChromium, openViewer } from "./chromium.mjs";
 
 const [base, outDir] = process.argv.slice(2);
 if (!base || !outDir) {
@@ -148,9 +148,7 @@ try {
     const oom = (await status()).notices.find((n) => n.includes("out of memory")) || "";
     check(oom.includes("out of memory on WebGPU (") && !/GPU \d+ has|CUDA out of memory/.test(oom), `the OOM names the page's device: ${oom.slice(0, 200)}`);
   }
-  const panicked = await page.evaluate(() => window.cachalot.has_panicked());
-  check(!panicked, "the app did not panic");
-  check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
+  await checkHealthy(page, errors, check);
 } catch (error) {
   failures.push(String(error));
   console.log(`FAIL ${error}`);

@@ -5,6 +5,7 @@
 //
 //   node test.mjs http://127.0.0.1:8765/ out.png
 import { chromium } from "playwright-core";
+import { checkHealthy } from "./chromium.mjs";
 
 const [base, shot] = process.argv.slice(2);
 if (!base || !shot) {
@@ -82,9 +83,7 @@ try {
   );
   const both = await status();
   check(both.tabs.length === 2 && both.tabs[1].entries === 60 && both.tabs[1].verified, "it opens as a second run, verified");
-  const panicked = await page.evaluate(() => window.cachalot.has_panicked());
-  check(!panicked, "the app did not panic");
-  check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
+  await checkHealthy(page, errors, check);
 } catch (error) {
   failures.push(String(error));
   console.log(`FAIL ${error}`);

@@ -19,7 +19,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { chromium, firefox } from "playwright-core";
-import { launchChromium, openViewer } from "./chromium.mjs";
+import { checkHealthy, gotoViewer, launchChromium, openViewer } from "./chromium.mjs";
 
 const [base, refs, shot] = process.argv.slice(2);
 if (!base || !refs || !shot) {
@@ -432,9 +432,7 @@ const session = async (name, browser, full) => {
         `the segment map shows segments after the run (picture ${map.length} bytes; before any run ${blank.length})`,
       );
     }
-    const panicked = await page.evaluate(() => window.cachalot.has_panicked());
-    check(!panicked, "the app did not panic");
-    check(errors.length === 0, `no console errors${errors.length ? ": " + errors.join(" | ") : ""}`);
+    await checkHealthy(page, errors, check);
     if (full) await gpuFaults(page, check, run, gpu, errors);
   }
   } catch (error) {
@@ -459,15 +457,7 @@ await session("chromium", await launchChromium(), true);
   const check = (ok, message) => checkIn(ok, `no WebGPU: ${message}`);
   try {
     const page = await browser.newPage();
-    await page.goto(base);
-    await page.waitForFunction(
-      () => {
-        const s = window.cachalot ? JSON.parse(window.cachalot.gpu_status()) : null;
-        return s && s.adapter.state !== "pending";
-      },
-      null,
-      { timeout: 120000 },
-    );
+    await gotoViewer(page, base);
     const adapter = JSON.parse(await page.evaluate(() => window.cachalot.gpu_status())).adapter;
     check(adapter.state === "missing" && adapter.why.length > 20, `the page says why (${adapter.why})`);
     await page.evaluate(() => window.cachalot.run_on_gpu(JSON.stringify({ experiment: "seeds", backend: "sim" })));

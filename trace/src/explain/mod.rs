@@ -169,6 +169,17 @@ pub struct Memory {
     pub device_free_after: u64,
 }
 
+impl Memory {
+    /// Bytes the allocator could still take after the malloc: the device's free memory, within
+    /// what the memory fraction still allows.
+    fn room(&self) -> u64 {
+        match self.allowed {
+            Some(allowed) => self.device_free_after.min(allowed.saturating_sub(self.reserved_after)),
+            None => self.device_free_after,
+        }
+    }
+}
+
 /// What the request's malloc did besides taking a block: its retry chain at an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RetryChain {
@@ -307,10 +318,7 @@ pub fn explain(
         matching.fold((0, 0), |(n, bytes), m| (n + 1, bytes + m.size))
     };
     let (released_segments, released_bytes) = count(&[TraceAction::SegmentFree, TraceAction::SegmentUnmap]);
-    let room_after = match allowed {
-        Some(allowed) => device_free_after.min(allowed.saturating_sub(reserved_after)),
-        None => device_free_after,
-    };
+    let room_after = memory.room();
     let retry = RetryChain {
         garbage_collection: config.garbage_collection_threshold() > 0.0 && allowed.is_some(),
         released_segments,
@@ -385,10 +393,7 @@ pub fn cause_at_error<B: Backend>(
         rounding_waste: 0,
         device_free_after: oom.device_free,
     };
-    let room_after = match oom.allowed {
-        Some(allowed) => oom.device_free.min(allowed.saturating_sub(oom.reserved)),
-        None => oom.device_free,
-    };
+    let room_after = memory.room();
     let request = Request {
         size: oom.requested,
         rounded: oom.rounded,

@@ -282,6 +282,16 @@ impl BenchReport {
     pub fn lines(&self) -> Vec<String> {
         let ms = |s: f64| s * 1000.0;
         let fps = |v: &[f64]| 1.0 / (v.iter().sum::<f64>() / v.len().max(1) as f64);
+        let frames = |label: &str, v: &[f64]| {
+            format!(
+                "{label}: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
+                v.len(),
+                ms(Self::percentile(v, 0.5)),
+                ms(Self::percentile(v, 0.95)),
+                ms(Self::percentile(v, 1.0)),
+                fps(v)
+            )
+        };
         vec![
             format!(
                 "trace: {} entries, {:.1} MB snapshot file, {} checkpoints",
@@ -295,42 +305,14 @@ impl BenchReport {
                 crate::format::count(self.largest_state.0 as u64),
                 crate::format::count(self.largest_state.1 as u64)
             ),
-            format!(
-                "cursor drag: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
-                self.frame_seconds.len(),
-                ms(Self::percentile(&self.frame_seconds, 0.5)),
-                ms(Self::percentile(&self.frame_seconds, 0.95)),
-                ms(Self::percentile(&self.frame_seconds, 1.0)),
-                fps(&self.frame_seconds)
-            ),
-            format!(
-                "random jumps: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
-                self.jump_seconds.len(),
-                ms(Self::percentile(&self.jump_seconds, 0.5)),
-                ms(Self::percentile(&self.jump_seconds, 0.95)),
-                ms(Self::percentile(&self.jump_seconds, 1.0)),
-                fps(&self.jump_seconds)
-            ),
+            frames("cursor drag", &self.frame_seconds),
+            frames("random jumps", &self.jump_seconds),
             format!(
                 "memory view, first frame (lifetimes + layout + peak analysis): {:.0} ms",
                 ms(self.memory_first_seconds)
             ),
-            format!(
-                "memory view, cursor drag: {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
-                self.memory_drag_seconds.len(),
-                ms(Self::percentile(&self.memory_drag_seconds, 0.5)),
-                ms(Self::percentile(&self.memory_drag_seconds, 0.95)),
-                ms(Self::percentile(&self.memory_drag_seconds, 1.0)),
-                fps(&self.memory_drag_seconds)
-            ),
-            format!(
-                "memory view, zoom and pan (new layout each frame): {} frames, median {:.1} ms, p95 {:.1} ms, max {:.1} ms ({:.0} frames/s)",
-                self.memory_zoom_seconds.len(),
-                ms(Self::percentile(&self.memory_zoom_seconds, 0.5)),
-                ms(Self::percentile(&self.memory_zoom_seconds, 0.95)),
-                ms(Self::percentile(&self.memory_zoom_seconds, 1.0)),
-                fps(&self.memory_zoom_seconds)
-            ),
+            frames("memory view, cursor drag", &self.memory_drag_seconds),
+            frames("memory view, zoom and pan (new layout each frame)", &self.memory_zoom_seconds),
             if self.rendered_seconds.is_empty() {
                 "rendered drag: no wgpu adapter".to_owned()
             } else {

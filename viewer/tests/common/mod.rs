@@ -113,3 +113,13 @@ pub fn crowded_marks_run() -> Run {
     let snapshot = Snapshot::capture(&a, "crowded marks");
     snapshot_run("crowded.json", snapshot, RunKind::Cachalot, &Progress::default())
 }
+
+/// A click of the pointer at `pos` (hover, press, release), with the frames egui needs between.
+pub fn click_at(harness: &mut egui_kittest::Harness<'_, cachalot_viewer::ViewerApp>, pos: egui::Pos2) {
+    harness.hover_at(pos);
+    harness.run_steps(1);
+    harness.drag_at(pos);
+    harness.run_steps(1);
+    harness.drop_at(pos);
+    harness.run_steps(2);
+}
